@@ -1,0 +1,183 @@
+"""The derivative rules, one per node kind, and reverse mode over a scalar DAG.
+
+``RULES[kind](node, g)`` returns, for adjoint ``g`` of ``node``, the adjoint
+contribution of each child.  Rules refer to ``node`` itself where the
+derivative is a function of the result (``d exp(u) = exp(u) du``,
+``d tanh(u) = (1 - t*t) du`` with ``t`` the tanh node): hash-consing makes
+that a reference to the shared primal value, not a copy.
+
+:func:`load_adjoints` runs reverse mode over a reduction-free expression
+(see ``lift.py``) and returns the adjoint of every tensor read in it.
+Integer and boolean sub-expressions carry no derivative; ``max``/``min`` and
+selects send the adjoint to the chosen operand (the first one on ties).
+"""
+from __future__ import annotations
+
+import weakref
+
+from . import dtype as dt
+from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, cast, compare, const, floordiv,
+                   is_const, logic_and, power, select, unary)
+from .visit import children, topo_order
+
+
+def _zero(like):
+    return const(0, like.dtype)
+
+
+def _pick(cond, g):
+    """``g`` where ``cond`` holds, else 0."""
+    return select(cond, g, _zero(g))
+
+
+def _binop_rules():
+    def mod_b(e, g):
+        # a mod b = a - floor(a / b) * b, so d/db = -floor(a / b)
+        return -g * floordiv(e.a, e.b)
+
+    return {
+        "add": lambda e, g: (g, g),
+        "sub": lambda e, g: (g, -g),
+        "mul": lambda e, g: (g * e.b, g * e.a),
+        "div": lambda e, g: (g / e.b, -g * e / e.b),
+        "max": lambda e, g: (_pick(compare("ge", e.a, e.b), g), _pick(compare("lt", e.a, e.b), g)),
+        "min": lambda e, g: (_pick(compare("le", e.a, e.b), g), _pick(compare("gt", e.a, e.b), g)),
+        "pow": lambda e, g: (g * e.b * power(e.a, e.b - 1), g * e * unary("log", e.a)),
+        "floordiv": lambda e, g: (_zero(g), _zero(g)),
+        "mod": lambda e, g: (g, mod_b(e, g)),
+    }
+
+
+_UNARY = {
+    "neg": lambda e, g: -g,
+    "abs": lambda e, g: select(compare("gt", e.a, 0), g, select(compare("lt", e.a, 0), -g, _zero(g))),
+    "exp": lambda e, g: g * e,
+    "log": lambda e, g: g / e.a,
+    "log1p": lambda e, g: g / (e.a + 1),
+    "sqrt": lambda e, g: g / (e * 2),
+    "tanh": lambda e, g: g * (1 - e * e),
+    "sigmoid": lambda e, g: g * (e * (1 - e)),
+    "sin": lambda e, g: g * unary("cos", e.a),
+    "cos": lambda e, g: -g * unary("sin", e.a),
+}
+
+_BINOP = _binop_rules()
+
+RULES = {
+    BinOp: lambda e, g: _BINOP[e.op](e, g),
+    Unary: lambda e, g: (_UNARY[e.op](e, g),),
+    Select: lambda e, g: (None, _pick(e.cond, g), select(e.cond, _zero(g), g)),
+    Cast: lambda e, g: (cast(e.a.dtype, g),),
+}
+
+
+def differentiable(e) -> bool:
+    """Only float-valued nodes carry derivatives."""
+    return dt.is_float(e.dtype)
+
+
+def load_adjoints(root, seed, wanted) -> dict:
+    """Reverse mode on the reduction-free DAG ``root`` with adjoint ``seed``.
+
+    Returns ``{load_node: adjoint}`` for every read of a tensor in ``wanted``
+    that the result depends on (each distinct read once; a tensor read at two
+    different indices gives two entries).
+    """
+    order = topo_order([root])
+    # active: the nodes through which a wanted float tensor influences root
+    active = set()
+    for node in order:
+        if isinstance(node, Load):
+            if node.tensor in wanted and differentiable(node):
+                active.add(node)
+        elif differentiable(node) and any(c in active for c in children(node)):
+            active.add(node)
+    if root not in active:
+        return {}
+    adj = {root: seed}
+    out = {}
+    for node in reversed(order):
+        g = adj.pop(node, None)
+        if g is None or is_const(g, 0):
+            continue
+        if isinstance(node, Load):
+            out[node] = g
+            continue
+        rule = RULES.get(type(node))
+        if rule is None:
+            continue
+        for child, contrib in zip(children(node), rule(node, g)):
+            if contrib is None or child not in active:
+                continue
+            prev = adj.get(child)
+            adj[child] = contrib if prev is None else prev + contrib
+    return out
+
+
+# ------------------------------------------------------------ reductions
+#
+# A top-level reduction T[i] = op_k g(i, k) passes its adjoint to each g(i, k)
+# times the seed below.  Seeds read sibling tensors (the argmax, the product
+# of the non-zero factors...) instead of recomputing a reduction per element.
+
+
+def _sibling(t, suffix: str, op: str, body, dtype=None):
+    """A tensor over ``t``'s shape: ``op`` over ``t``'s reduce axes of ``body``."""
+    from .tensor import Tensor
+    from .term import fresh_copy
+    from .visit import substitute
+    r = t.body
+    rename = fresh_copy(t.axes)
+    red = substitute(Reduce(op, body, r.axes, r.doms), rename)
+    return Tensor(f"{t.name}.{suffix}", t.shape, dtype or red.dtype, tuple(rename[a] for a in t.axes), red)
+
+
+def _position(r):
+    """Row-major position of the reduce axes of ``r`` within its domain (0-based)."""
+    pos = const(0, dt.INDEX)
+    for ax, (lo, ext) in zip(r.axes, r.doms):
+        pos = pos * ext + (ax - lo)
+    return pos
+
+
+def _seed_sum(t, here):
+    return const(1, t.dtype)
+
+
+def _seed_extremum(t, here):
+    r = t.body
+    g = r.body if r.op == "max" else -r.body
+    am = _cached(t, "argmax", lambda: _sibling(t, "argmax", "argmax", g))
+    return select(compare("eq", _position(r), am[here]), const(1, t.dtype), const(0, t.dtype))
+
+
+def _seed_prod(t, here):
+    # d/dg_k prod_k' g_k' = prod_{k' != k} g_k', right with zeros: with z zero
+    # factors and P the product of the non-zero ones it is P / g_k when z = 0,
+    # P at the zero factor when z = 1, and 0 otherwise.
+    g = t.body.body
+    is0 = compare("eq", g, 0)
+    nz = _cached(t, "nonzero_prod", lambda: _sibling(t, "nzprod", "prod", select(is0, const(1, g.dtype), g)))
+    zc = _cached(t, "zero_count", lambda: _sibling(t, "zeros", "sum", select(is0, const(1, "int32"),
+                                                                              const(0, "int32"))))
+    p, z = nz[here], zc[here]
+    one_zero = select(logic_and(compare("eq", z, 1), is0), p, const(0, g.dtype))
+    return select(compare("eq", z, 0), p / g, one_zero)
+
+
+REDUCE_SEEDS = {"sum": _seed_sum, "max": _seed_extremum, "min": _seed_extremum, "prod": _seed_prod}
+
+_SIBLINGS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cached(t, key, make):
+    """One sibling tensor per (tensor, kind), so all consumers share it."""
+    table = _SIBLINGS.setdefault(t, {})
+    if key not in table:
+        table[key] = make()
+    return table[key]
+
+
+def reduction_seed(t):
+    """The adjoint factor of the body of ``t``'s top-level reduction."""
+    return REDUCE_SEEDS[t.body.op](t, tuple(t.axes))

@@ -1,0 +1,588 @@
+"""Scalar expression nodes: immutable and hash-consed.
+
+Every node is built through its class call, which returns the existing node
+when one with equal fields is alive (a weak intern table).  Structural
+equality is therefore identity, ``hash`` is ``id``, and passes memoise on
+nodes directly.  Python's ``==`` keeps that identity meaning; element
+equality is spelled ``te.equal(a, b)``.
+
+The smart constructors at the bottom (``add``, ``mul``, ``select``...) fold
+constants and the obvious identities (``x*1``, ``x+0``, ``x*0``) so that
+derivatives stay small; anything heavier lives in ``simplify.py``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+
+import numpy as np
+
+from . import dtype as dt
+
+_INTERN: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+_UIDS = itertools.count()
+
+
+class Node:
+    """Base of hash-consed immutable nodes; subclasses list their ``fields``."""
+
+    __slots__ = ("__weakref__",)
+    fields: tuple = ()
+
+    def __new__(cls, *args):
+        key = (cls,) + tuple(_key(a) for a in args)
+        node = _INTERN.get(key)
+        if node is None:
+            node = object.__new__(cls)
+            for name, value in zip(cls.fields, args):
+                object.__setattr__(node, name, value)
+            node._init()
+            _INTERN[key] = node
+        return node
+
+    def _init(self):
+        """Compute derived slots (dtype) once, at interning time."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} nodes are immutable")
+
+    def __reduce__(self):
+        return (type(self), tuple(getattr(self, f) for f in self.fields))
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other):
+        return self is other
+
+
+def _key(value):
+    """Intern key of one field: nodes by identity, floats by bits (so -0.0 != 0.0)."""
+    if isinstance(value, Node):
+        return ("n", id(value))
+    if isinstance(value, float):
+        return ("f", float(value).hex())
+    if isinstance(value, tuple):
+        return tuple(_key(v) for v in value)
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, int):
+        return ("i", value)
+    return ("o", id(value)) if not isinstance(value, str) else value
+
+
+class Expr(Node):
+    """A scalar expression; carries ``dtype``.  Operators build new nodes."""
+
+    __slots__ = ("dtype",)
+
+    def __add__(self, other):
+        return add(self, other)
+
+    def __radd__(self, other):
+        return add(other, self)
+
+    def __sub__(self, other):
+        return sub(self, other)
+
+    def __rsub__(self, other):
+        return sub(other, self)
+
+    def __mul__(self, other):
+        return mul(self, other)
+
+    def __rmul__(self, other):
+        return mul(other, self)
+
+    def __truediv__(self, other):
+        return div(self, other)
+
+    def __rtruediv__(self, other):
+        return div(other, self)
+
+    def __floordiv__(self, other):
+        return floordiv(self, other)
+
+    def __rfloordiv__(self, other):
+        return floordiv(other, self)
+
+    def __mod__(self, other):
+        return mod(self, other)
+
+    def __rmod__(self, other):
+        return mod(other, self)
+
+    def __pow__(self, other):
+        return power(self, other)
+
+    def __rpow__(self, other):
+        return power(other, self)
+
+    def __neg__(self):
+        return neg(self)
+
+    def __lt__(self, other):
+        return compare("lt", self, other)
+
+    def __le__(self, other):
+        return compare("le", self, other)
+
+    def __gt__(self, other):
+        return compare("gt", self, other)
+
+    def __ge__(self, other):
+        return compare("ge", self, other)
+
+    def __bool__(self):
+        raise TypeError(
+            "a tensor expression has no Python truth value; use te.if_then_else, "
+            "te.all or te.any for conditions, and te.equal(a, b) for element equality")
+
+    def astype(self, dtype) -> "Expr":
+        return cast(dt.canonical(dtype), self)
+
+    def __repr__(self):
+        from .pretty import expr_str
+        return f"<{type(self).__name__} {expr_str(self)}>"
+
+
+class Const(Expr):
+    """A literal ``value`` of ``dtype``."""
+
+    __slots__ = ("value", "dtype_")
+    fields = ("value", "dtype_")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.dtype_)
+
+
+class Var(Expr):
+    """An index variable (int64).  ``dom`` is ``(lo, extent)`` when the variable
+    is a compute or reduce axis with a fixed range, else ``None``.  Each call of
+    :func:`var` makes a distinct variable (``uid``)."""
+
+    __slots__ = ("name", "uid", "dom")
+    fields = ("name", "uid", "dom")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", dt.INDEX)
+
+
+class BinOp(Expr):
+    """``a op b`` for op in add sub mul div floordiv mod max min pow."""
+
+    __slots__ = ("op", "a", "b")
+    fields = ("op", "a", "b")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", dt.promote(self.a.dtype, self.b.dtype))
+
+
+class Cmp(Expr):
+    """Comparison ``a op b`` (op in lt le gt ge eq ne), of dtype bool."""
+
+    __slots__ = ("op", "a", "b")
+    fields = ("op", "a", "b")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", "bool")
+
+
+class Logic(Expr):
+    """Boolean ``and``/``or`` of two conditions, or ``not`` of one (``b`` None)."""
+
+    __slots__ = ("op", "a", "b")
+    fields = ("op", "a", "b")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", "bool")
+
+
+class Unary(Expr):
+    """``op(a)`` for negation and the intrinsics (exp, log, tanh, ...)."""
+
+    __slots__ = ("op", "a")
+    fields = ("op", "a")
+
+    def _init(self):
+        keep = self.op in ("neg", "abs")
+        object.__setattr__(self, "dtype", self.a.dtype if keep else dt.float_of(self.a.dtype))
+
+
+class Select(Expr):
+    """``cond ? a : b``; only the chosen branch is evaluated."""
+
+    __slots__ = ("cond", "a", "b")
+    fields = ("cond", "a", "b")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.a.dtype)
+
+
+class Cast(Expr):
+    """``a`` converted to ``to``."""
+
+    __slots__ = ("to", "a")
+    fields = ("to", "a")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.to)
+
+
+class Load(Expr):
+    """``tensor[indices]``."""
+
+    __slots__ = ("tensor", "indices")
+    fields = ("tensor", "indices")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.tensor.dtype)
+
+
+class Reduce(Expr):
+    """``op`` over ``axes`` of ``body``; axis ``t`` runs over
+    ``doms[t] = (lo, extent)`` (expressions of outer variables).  op is one of
+    sum prod max min, or argmax (the row-major position, from 0, of the first
+    maximum; used by the derivative of max)."""
+
+    __slots__ = ("op", "body", "axes", "doms")
+    fields = ("op", "body", "axes", "doms")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", dt.INDEX if self.op == "argmax" else self.body.dtype)
+
+
+REDUCE_OPS = ("sum", "prod", "max", "min")
+UNARY_OPS = ("neg", "abs", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos")
+
+
+# ---------------------------------------------------------------- constructors
+
+
+def var(name: str, dom=None) -> Var:
+    """A fresh index variable named ``name`` with optional ``(lo, extent)``."""
+    return Var(name, next(_UIDS), dom)
+
+
+def const(value, dtype=None) -> Const:
+    """``te.const``: a literal, of ``dtype`` or the literal's own dtype."""
+    dtype = dt.literal_dtype(value) if dtype is None else dt.canonical(dtype)
+    if dtype == "bool":
+        value = bool(value)
+    elif dt.is_int(dtype):
+        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            raise TypeError(f"constant {value!r} is not an integer but dtype is {dtype}")
+        value = int(value)
+    else:
+        value = float(value)
+    return Const(value, dtype)
+
+
+def as_expr(value, like: str | None = None) -> Expr:
+    """Wrap a Python literal as a :class:`Const` (weakly typed next to ``like``)."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, Node) or not isinstance(value, (bool, int, float, np.number, np.bool_)):
+        raise TypeError(f"cannot use {value!r} of type {type(value).__name__} in a tensor expression"
+                        + ("; index a tensor with t[i, j] to read an element"
+                           if hasattr(value, "shape") else ""))
+    dtype = dt.literal_dtype(value) if like is None else dt.weak_literal_dtype(value, like)
+    return const(value, dtype)
+
+
+def _pair(a, b):
+    """Two operands as expressions; literals take the other side's dtype."""
+    if isinstance(a, Expr) and not isinstance(b, Expr):
+        return a, as_expr(b, a.dtype)
+    if isinstance(b, Expr) and not isinstance(a, Expr):
+        return as_expr(a, b.dtype), b
+    return as_expr(a), as_expr(b)
+
+
+def _unify(a: Expr, b: Expr):
+    """Cast both operands to their promoted dtype."""
+    target = dt.promote(a.dtype, b.dtype)
+    return cast(target, a), cast(target, b)
+
+
+def is_const(e, value=None) -> bool:
+    return isinstance(e, Const) and (value is None or e.value == value)
+
+
+def _fold(op, x, y):
+    if op == "add":
+        return x + y
+    if op == "sub":
+        return x - y
+    if op == "mul":
+        return x * y
+    if op in ("div", "floordiv", "mod") and y == 0:
+        return None
+    if op == "div":
+        return x / y
+    if op == "floordiv":
+        return x // y
+    if op == "mod":
+        return x % y
+    if op == "max":
+        return max(x, y)
+    if op == "min":
+        return min(x, y)
+    if op == "pow":
+        try:
+            return x ** y if not (x == 0 and y < 0) else None
+        except (OverflowError, ZeroDivisionError):
+            return None
+    raise ValueError(op)
+
+
+def binop(op: str, a, b) -> Expr:
+    """Build ``a op b`` with promotion, constant folding and unit identities."""
+    a, b = _pair(a, b)
+    if op == "div" and not (dt.is_float(a.dtype) or dt.is_float(b.dtype)):
+        raise TypeError(f"'/' is true division and needs a float operand (got {a.dtype} and {b.dtype}); "
+                        "use '//' for integer division or .astype('float32')")
+    if op == "pow" and not (dt.is_float(a.dtype) or dt.is_float(b.dtype)):
+        a = cast(dt.DEFAULT_FLOAT, a)
+    a, b = _unify(a, b)
+    if isinstance(a, Const) and isinstance(b, Const):
+        value = _fold(op, a.value, b.value)
+        if value is not None:
+            return const(value, a.dtype)
+    if op == "add":
+        if is_const(a, 0):
+            return b
+        if is_const(b, 0):
+            return a
+    elif op == "sub":
+        if is_const(b, 0):
+            return a
+        if a is b and not dt.is_float(a.dtype):
+            return const(0, a.dtype)
+    elif op == "mul":
+        if is_const(a, 1):
+            return b
+        if is_const(b, 1):
+            return a
+        if is_const(a, 0) or is_const(b, 0):
+            return const(0, a.dtype)
+    elif op in ("div", "floordiv"):
+        if is_const(b, 1):
+            return a
+        if is_const(a, 0) and not is_const(b, 0):
+            return const(0, a.dtype)
+    elif op == "pow":
+        if is_const(b, 1):
+            return a
+        if is_const(b, 0):
+            return const(1, a.dtype)
+    elif op in ("max", "min") and a is b:
+        return a
+    return BinOp(op, a, b)
+
+
+def add(a, b):
+    return binop("add", a, b)
+
+
+def sub(a, b):
+    return binop("sub", a, b)
+
+
+def mul(a, b):
+    return binop("mul", a, b)
+
+
+def div(a, b):
+    return binop("div", a, b)
+
+
+def floordiv(a, b):
+    return binop("floordiv", a, b)
+
+
+def mod(a, b):
+    return binop("mod", a, b)
+
+
+def maximum(a, b):
+    """``te.maximum``: elementwise max of two expressions."""
+    return binop("max", a, b)
+
+
+def minimum(a, b):
+    """``te.minimum``: elementwise min of two expressions."""
+    return binop("min", a, b)
+
+
+def power(a, b):
+    """``te.power(a, b)`` = a ** b (float)."""
+    return binop("pow", a, b)
+
+
+def neg(a):
+    a = as_expr(a)
+    if a.dtype == "bool":
+        raise TypeError("cannot negate a bool expression; use te.not_ (logical not) or astype")
+    if isinstance(a, Const):
+        return const(-a.value, a.dtype)
+    if isinstance(a, Unary) and a.op == "neg":
+        return a.a
+    return Unary("neg", a)
+
+
+def unary(op: str, a) -> Expr:
+    """An intrinsic ``op(a)``; ints are computed in float32."""
+    a = as_expr(a)
+    if op == "neg":
+        return neg(a)
+    if a.dtype == "bool":
+        raise TypeError(f"te.{op} needs a numeric argument, got a bool expression")
+    if op != "abs":
+        a = cast(dt.float_of(a.dtype), a)
+    if isinstance(a, Const):
+        value = _fold_unary(op, a.value)
+        if value is not None:
+            return const(value, a.dtype)
+    return Unary(op, a)
+
+
+def _fold_unary(op, x):
+    try:
+        return {
+            "abs": abs, "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
+            "tanh": math.tanh, "sin": math.sin, "cos": math.cos,
+            "sigmoid": lambda v: 1.0 / (1.0 + math.exp(-v)),
+        }[op](x)
+    except (ValueError, OverflowError):
+        return None
+
+
+def compare(op: str, a, b) -> Expr:
+    """``a op b`` as a bool expression."""
+    a, b = _pair(a, b)
+    a, b = _unify(a, b)
+    if isinstance(a, Const) and isinstance(b, Const):
+        return const({"lt": a.value < b.value, "le": a.value <= b.value, "gt": a.value > b.value,
+                      "ge": a.value >= b.value, "eq": a.value == b.value,
+                      "ne": a.value != b.value}[op], "bool")
+    if a is b and not dt.is_float(a.dtype):
+        return const(op in ("le", "ge", "eq"), "bool")
+    return Cmp(op, a, b)
+
+
+def equal(a, b):
+    """``te.equal``: element equality as a bool expression."""
+    return compare("eq", a, b)
+
+
+def not_equal(a, b):
+    """``te.not_equal``: element inequality as a bool expression."""
+    return compare("ne", a, b)
+
+
+def _cond(c, what: str) -> Expr:
+    if isinstance(c, (bool, np.bool_)):
+        if what == "if_then_else":
+            raise TypeError("te.if_then_else got a Python bool as condition; "
+                            "use te.equal(a, b) instead of a == b to compare expressions")
+        return const(bool(c), "bool")
+    c = as_expr(c)
+    if c.dtype != "bool":
+        raise TypeError(f"{what} needs bool conditions, got {c.dtype} "
+                        "(compare with <, >=, te.equal ... to make one)")
+    return c
+
+
+def logic_and(a, b) -> Expr:
+    a, b = _cond(a, "te.all"), _cond(b, "te.all")
+    if is_const(a):
+        return b if a.value else a
+    if is_const(b):
+        return a if b.value else b
+    return a if a is b else Logic("and", a, b)
+
+
+def logic_or(a, b) -> Expr:
+    a, b = _cond(a, "te.any"), _cond(b, "te.any")
+    if is_const(a):
+        return a if a.value else b
+    if is_const(b):
+        return b if b.value else a
+    return a if a is b else Logic("or", a, b)
+
+
+def logic_not(a) -> Expr:
+    """``te.not_``: logical negation of a condition."""
+    a = _cond(a, "te.not_")
+    if is_const(a):
+        return const(not a.value, "bool")
+    if isinstance(a, Logic) and a.op == "not":
+        return a.a
+    return Logic("not", a, None)
+
+
+def all_(*conds) -> Expr:
+    """``te.all``: conjunction of conditions (true when empty)."""
+    out = const(True, "bool")
+    for c in conds:
+        out = logic_and(out, c)
+    return out
+
+
+def any_(*conds) -> Expr:
+    """``te.any``: disjunction of conditions (false when empty)."""
+    out = const(False, "bool")
+    for c in conds:
+        out = logic_or(out, c)
+    return out
+
+
+def select(cond, a, b) -> Expr:
+    """``te.if_then_else(cond, a, b)``: ``a`` where ``cond`` holds, else ``b``."""
+    cond = _cond(cond, "if_then_else")
+    a, b = _pair(a, b)
+    a, b = _unify(a, b)
+    if is_const(cond):
+        return a if cond.value else b
+    if a is b:
+        return a
+    return Select(cond, a, b)
+
+
+def cast(to: str, a) -> Expr:
+    """``a.astype(to)``."""
+    a = as_expr(a)
+    if a.dtype == to:
+        return a
+    if isinstance(a, Const):
+        if to == "bool":
+            return const(bool(a.value), to)
+        if dt.is_int(to):
+            return const(int(a.value), to) if math.isfinite(a.value) else Cast(to, a)
+        return const(float(a.value), to)
+    return Cast(to, a)
+
+
+def load(tensor, indices) -> Load:
+    return Load(tensor, tuple(indices))
+
+
+def reduce(op: str, body: Expr, axes, doms) -> Expr:
+    """A reduction node; an empty axis list returns ``body`` itself."""
+    if not axes:
+        return body
+    return Reduce(op, body, tuple(axes), tuple(doms))
+
+
+def identity_of(op: str, dtype: str):
+    """The neutral element of reduction ``op`` in ``dtype``."""
+    if op == "sum":
+        return 0
+    if op == "prod":
+        return 1
+    if op in ("max", "argmax"):
+        return -math.inf if dt.is_float(dtype) else (-2**31 if dtype == "int32" else -2**63)
+    if op == "min":
+        return math.inf if dt.is_float(dtype) else (2**31 - 1 if dtype == "int32" else 2**63 - 1)
+    raise ValueError(f"unknown reduction {op!r}")

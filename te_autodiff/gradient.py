@@ -1,0 +1,142 @@
+"""``te.gradient``: adjoints composed over the tensor graph.
+
+For every tensor ``X`` on a path from the inputs to the output, in reverse
+topological order, the adjoint is gathered from its consumers ``T``:
+
+    adjoint(X)[j] = Σ_T Σ_{reads X[idx] in T}  Σ_{i, k}  adjoint(T)[i] · ∂T[i]/∂X[idx](i, k) · [j == idx(i, k)]
+
+Each inner sum is one :class:`~te_autodiff.term.Term`; the Jacobian is never
+materialised.  ``optimize=True`` hands each term to zero elimination, which
+rewrites the sum over its non-zero region; ``optimize=False`` keeps the
+literal sum, the reference the optimised form is tested against.
+"""
+from __future__ import annotations
+
+from . import dtype as dt
+from .derivative import differentiable, load_adjoints, reduction_seed
+from .expr import Const, Load, Reduce, Var, add, cast, const
+from .graph import tensors_in_order
+from .lift import lifted
+from .tensor import Tensor, compute
+from .term import Term, fresh_copy, naive
+from .visit import substitute
+
+
+def gradient(output, inputs, head=None, optimize=True) -> list:
+    """``te.gradient``: the adjoint of each tensor of ``inputs`` for ``output``.
+
+    ``head`` (the output's shape) weights the output elements: the result is
+    the vector-Jacobian product ``head · J``; ``None`` means all ones, the
+    gradient of ``sum(output)``.  Returns one tensor per input, with that
+    input's shape and dtype.
+    """
+    _check_tensor(output, "output")
+    single = isinstance(inputs, Tensor)
+    inputs = [inputs] if single else list(inputs)
+    for n, x in enumerate(inputs):
+        _check_tensor(x, f"inputs[{n}]")
+    if head is not None:
+        _check_tensor(head, "head")
+        if head.shape != output.shape:
+            raise ValueError(f"te.gradient: head '{head.name}' has shape {head.shape} but output "
+                             f"'{output.name}' has shape {output.shape}")
+    adj = _Adjoints(output, inputs, head, optimize)
+    return [adj.of(x) for x in inputs]
+
+
+def _check_tensor(t, what):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"te.gradient: {what} must be a te tensor, got {type(t).__name__}")
+
+
+def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
+    """The terms of ``∂t/∂x`` weighted by ``head_at(i)``, for result variables ``outer``.
+
+    With ``at=None`` the terms sum over ``t``'s axes (a gradient); otherwise
+    ``t``'s axes are bound to the variables ``at`` (a Jacobian row).
+    """
+    lt = lifted(t)
+    body, seed, red_axes, red_doms = lt.body, const(1, t.dtype), (), ()
+    if isinstance(body, Reduce):
+        seed, red_axes, red_doms = reduction_seed(lt), body.axes, body.doms
+        body = body.body
+    summed = red_axes if at is not None else tuple(lt.axes) + red_axes
+    doms = tuple(red_doms) if at is not None else tuple(
+        (const(0, dt.INDEX), const(s, dt.INDEX)) for s in t.shape) + tuple(red_doms)
+    # the derivative refers to the value of t itself (exp, tanh, sigmoid...):
+    # read it from t instead of recomputing it
+    stored = {body: lt[lt.axes]} if body is lt.body and not isinstance(body, (Load, Const, Var)) else {}
+    terms = []
+    for load, coef in load_adjoints(body, seed, {x}).items():
+        coef = substitute(coef, stored)
+        rename = fresh_copy(summed)
+        if at is not None:
+            rename.update(zip(lt.axes, at))
+        terms.append(Term(outer,
+                          tuple(substitute(i, rename) for i in load.indices),
+                          substitute(head_at(lt.axes) * coef, rename),
+                          tuple(rename[a] for a in summed),
+                          tuple(tuple(substitute(e, rename) for e in dom) for dom in doms)))
+    return terms
+
+
+def combine(terms, dtype, optimize: bool):
+    """The sum of ``terms``, each rewritten by zero elimination when ``optimize``."""
+    if optimize:
+        from .zero_elim import gather
+        parts = [gather(term) for term in terms]
+    else:
+        parts = [naive(term) for term in terms]
+    total = const(0, dtype)
+    for p in parts:
+        total = add(total, cast(dtype, p))
+    return total
+
+
+class _Adjoints:
+    """Adjoint tensors of one ``te.gradient`` call, built on demand, memoised."""
+
+    def __init__(self, output, inputs, head, optimize):
+        self.output, self.head, self.optimize = output, head, optimize
+        self.memo = {}
+        self.users = {}
+        wanted = set(inputs)
+        # live: tensors of the lifted graph through which a wanted input reaches the output
+        self.live = set()
+        for t in tensors_in_order([output], lambda t: lifted(t).inputs):
+            for p in lifted(t).inputs:
+                self.users.setdefault(p, []).append(t)
+            if t in wanted or (differentiable(t) and any(p in self.live for p in lifted(t).inputs)):
+                self.live.add(t)
+
+    def of(self, x: Tensor) -> Tensor:
+        """The adjoint tensor of ``x`` (zeros if the output does not depend on it)."""
+        if x in self.memo:
+            return self.memo[x]
+        name = f"d{x.name}"
+        if x is self.output:
+            head = self.head
+            out = compute(x.shape, lambda *i: head[i] if head is not None else const(1, x.dtype), name=name)
+        elif x not in self.live or not differentiable(x):
+            out = compute(x.shape, lambda *i: const(0, x.dtype), name=name)
+        else:
+            out = self._gather(x, name)
+        self.memo[x] = out
+        return out
+
+    def _gather(self, x: Tensor, name: str) -> Tensor:
+        def body(*j):
+            terms = []
+            for t in dict.fromkeys(self.users.get(x, ())):
+                if t in self.live or t is self.output:
+                    at = self._head_of(t)
+                    terms += tensor_terms(t, x, tuple(j), at)
+            return combine(terms, x.dtype, self.optimize)
+        return compute(x.shape, body, name=name)
+
+    def _head_of(self, t: Tensor):
+        """``i -> adjoint(t)[i]``, reading the output's head directly."""
+        if t is self.output and self.head is None:
+            return lambda i: const(1, t.dtype)
+        src = self.head if t is self.output else self.of(t)
+        return lambda i: cast(t.dtype, Load(src, tuple(i))) if src.dtype != t.dtype else src[tuple(i)]

@@ -1,0 +1,103 @@
+"""Lift reductions into tensors of their own.
+
+Differentiation works on a normal form where every compute body is either
+reduction-free or one top-level reduction whose body is reduction-free.  A
+reduction nested anywhere else (``te.sum(x[i, k], axis=k) / n``, a reduction
+inside a select branch or inside another reduction) becomes a tensor indexed
+by the reduction's free variables, and the body reads it.  The derivative can
+then *read* a reduction's value (``1 / R[i]``) instead of recomputing it for
+every element, which would multiply the cost by the reduction's size.
+
+A lifted reduction keeps the conditions that guarded it (enclosing select
+conditions and enclosing reduce domains on its free variables), so the new
+tensor never evaluates an access the original program would have skipped.
+Lifting is memoised per tensor: forward and backward share the lifted tensors.
+"""
+from __future__ import annotations
+
+import weakref
+
+from .expr import Reduce, Select, all_, const, logic_not, select, var
+from .tensor import Tensor
+from .visit import children, free_vars, rebuild, substitute
+
+_LIFTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def lifted(t: Tensor) -> Tensor:
+    """``t`` in normal form (``t`` itself when it already is)."""
+    if t.is_placeholder:
+        return t
+    out = _LIFTED.get(t)
+    if out is None:
+        out = _Lifter(t).run()
+        _LIFTED[t] = out
+    return out
+
+
+class _Lifter:
+    def __init__(self, t: Tensor):
+        self.t = t
+        self.memo = {}
+        self.count = 0
+
+    def run(self) -> Tensor:
+        body = self.t.body
+        if isinstance(body, Reduce):
+            new_body = self._inside_reduce(body, ())
+        else:
+            new_body = self.walk(body, ())
+        if new_body is body:
+            return self.t
+        return Tensor(self.t.name, self.t.shape, self.t.dtype, self.t.axes, new_body)
+
+    def _inside_reduce(self, r: Reduce, guards) -> Reduce:
+        """``r`` kept in place, with reductions inside its body lifted."""
+        inner = guards + tuple(_in_dom(ax, dom) for ax, dom in zip(r.axes, r.doms))
+        body = self.walk(r.body, inner)
+        return rebuild(r, [x for dom in r.doms for x in dom] + [body])
+
+    def walk(self, e, guards):
+        """``e`` with every reduction in it replaced by a read of a lifted tensor."""
+        key = (e, guards)
+        if key in self.memo:
+            return self.memo[key]
+        if isinstance(e, Reduce):
+            out = self.lift(self._inside_reduce(e, guards), guards)
+        elif isinstance(e, Select):
+            cond = self.walk(e.cond, guards)
+            a = self.walk(e.a, guards + (cond,))
+            b = self.walk(e.b, guards + (logic_not(cond),))
+            out = select(cond, a, b)
+        else:
+            kids = children(e)
+            out = rebuild(e, [self.walk(c, guards) for c in kids]) if kids else e
+        self.memo[key] = out
+        return out
+
+    def lift(self, r: Reduce, guards):
+        """A new tensor ``L[v...] = guard ? r : 0`` over the free variables of ``r``."""
+        fv = free_vars(r)
+        axes_old = [v for v in self.t.axes if v in fv]
+        axes_old += sorted((v for v in fv if v not in self.t.axes), key=lambda v: v.uid)
+        shape, axes_new, rename, reads = [], [], {}, []
+        for v in axes_old:
+            if v.dom is None:
+                raise ValueError(f"tensor '{self.t.name}': cannot lift a reduction over variable "
+                                 f"'{v.name}', which has no fixed range")
+            lo, ext = v.dom
+            nv = var(v.name, (0, ext))
+            shape.append(ext)
+            axes_new.append(nv)
+            rename[v] = nv + lo
+            reads.append(v - lo)
+        keep = [g for g in guards if free_vars(g) <= fv]
+        body = substitute(select(all_(*keep), r, const(0, r.dtype)) if keep else r, rename)
+        self.count += 1
+        lt = Tensor(f"{self.t.name}.r{self.count}", tuple(shape), body.dtype, tuple(axes_new), body)
+        return lt[tuple(reads)]
+
+
+def _in_dom(ax, dom):
+    lo, ext = dom
+    return all_(ax >= lo, ax < lo + ext)

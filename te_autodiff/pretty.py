@@ -1,0 +1,141 @@
+"""Readable text for expressions and tensors (``te.pretty``).
+
+A non-trivial node used more than once is printed once, as ``let tN = ... in``,
+and referred to by name afterwards, so the text grows with the DAG, not with
+the tree it unfolds to.  Variables that share a name get a ``'`` suffix.
+"""
+from __future__ import annotations
+
+from .expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
+from .visit import children, topo_order
+
+_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
+          "floordiv": ("//", 2), "mod": ("%", 2)}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_FUNC = {"max": "max", "min": "min", "pow": "pow"}
+
+
+class _Printer:
+    def __init__(self, roots, share=True):
+        self.names = {}
+        self.var_names = {}
+        self.lets = []
+        uses = {}
+        order = topo_order(roots)
+        for node in order:
+            for c in children(node):
+                uses[c] = uses.get(c, 0) + 1
+        self.shared = set()
+        if share:
+            # a node that mentions a reduction's own axis must stay inside it
+            bound = {ax for n in order if isinstance(n, Reduce) for ax in n.axes}
+            local = {}
+            for n in order:
+                local[n] = (n in bound) or any(local[c] for c in children(n))
+            self.shared = {n for n in order
+                           if uses.get(n, 0) > 1 and _worth_naming(n) and not local[n]}
+
+    def var(self, v: Var) -> str:
+        name = self.var_names.get(v)
+        if name is None:
+            taken = set(self.var_names.values())
+            name = v.name
+            while name in taken:
+                name += "'"
+            self.var_names[v] = name
+        return name
+
+    def expr(self, e: Expr, prec: int = 0) -> str:
+        if e in self.names:
+            return self.names[e]
+        text, own = self._format(e)
+        if e in self.shared:
+            name = f"t{len(self.lets)}"
+            self.lets.append((name, text))
+            self.names[e] = name
+            return name
+        return f"({text})" if own < prec else text
+
+    def _format(self, e: Expr):
+        """Text of ``e`` and its precedence (3 = atomic)."""
+        if isinstance(e, Const):
+            if e.dtype == "bool":
+                return ("true" if e.value else "false"), 3
+            text = repr(e.value) if e.dtype.startswith("float") else str(e.value)
+            return (f"({text})" if e.value < 0 else text), 3
+        if isinstance(e, Var):
+            return self.var(e), 3
+        if isinstance(e, BinOp):
+            if e.op in _INFIX:
+                sym, p = _INFIX[e.op]
+                return f"{self.expr(e.a, p)} {sym} {self.expr(e.b, p + 1)}", p
+            return f"{_FUNC[e.op]}({self.expr(e.a)}, {self.expr(e.b)})", 3
+        if isinstance(e, Cmp):
+            return f"{self.expr(e.a, 1)} {_CMP[e.op]} {self.expr(e.b, 1)}", 0
+        if isinstance(e, Logic):
+            if e.op == "not":
+                return f"not {self.expr(e.a, 3)}", 0
+            side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
+            return f"{self.expr(e.a, side[0])} {e.op} {self.expr(e.b, side[1])}", -1
+        if isinstance(e, Unary):
+            if e.op == "neg":
+                return f"-{self.expr(e.a, 3)}", 2
+            return f"{e.op}({self.expr(e.a)})", 3
+        if isinstance(e, Cast):
+            return f"{e.to}({self.expr(e.a)})", 3
+        if isinstance(e, Select):
+            return f"select({self.expr(e.cond, -1)}, {self.expr(e.a)}, {self.expr(e.b)})", 3
+        if isinstance(e, Load):
+            return f"{e.tensor.name}[{', '.join(self.expr(i) for i in e.indices)}]", 3
+        if isinstance(e, Reduce):
+            ranges = []
+            for ax, (lo, ext) in zip(e.axes, e.doms):
+                if isinstance(lo, Const) and isinstance(ext, Const):
+                    hi = str(lo.value + ext.value)
+                else:
+                    hi = self.expr(lo + ext)
+                ranges.append(f"{self.var(ax)} in {self.expr(lo)}..{hi}")
+            return f"{e.op}[{', '.join(ranges)}]({self.expr(e.body)})", 3
+        raise TypeError(f"cannot print {type(e).__name__}")
+
+    def wrap(self, text: str) -> str:
+        if not self.lets:
+            return text
+        lets = "".join(f"  let {n} = {t}\n" for n, t in self.lets)
+        return f"{lets}  in {text}"
+
+
+def _worth_naming(e) -> bool:
+    """Shared nodes worth a let: anything bigger than a leaf or a simple index."""
+    if isinstance(e, (Const, Var)):
+        return False
+    if isinstance(e, (BinOp, Cmp)) and all(isinstance(c, (Const, Var)) for c in (e.a, e.b)):
+        return False
+    if isinstance(e, Load) and all(isinstance(c, (Const, Var)) for c in e.indices):
+        return False
+    return not (isinstance(e, Unary) and e.op == "neg" and isinstance(e.a, (Const, Var)))
+
+
+def expr_str(e: Expr, share: bool = False) -> str:
+    """One expression as text."""
+    p = _Printer([e], share)
+    return p.wrap(p.expr(e))
+
+
+def tensor_str(t, share: bool = True) -> str:
+    """``name[i, j] = body`` for a compute tensor, a signature for a placeholder."""
+    dims = ", ".join(str(s) for s in t.shape)
+    if t.is_placeholder:
+        return f"{t.name}: placeholder({dims}) {t.dtype}"
+    p = _Printer([t.body], share)
+    head = f"{t.name}[{', '.join(p.var(a) for a in t.axes)}]"
+    body = p.expr(t.body)
+    text = f"{head} = {body}" if not p.lets else f"{head} =\n{p.wrap(body)}"
+    return f"{text}    # shape ({dims}) {t.dtype}"
+
+
+def pretty(tensors) -> str:
+    """``te.pretty``: each tensor's formula, producers first, shared parts let-bound."""
+    from .graph import tensors_in_order
+    roots = [tensors] if not isinstance(tensors, (list, tuple)) else list(tensors)
+    return "\n".join(tensor_str(t) for t in tensors_in_order(roots))

@@ -1,0 +1,306 @@
+"""Zero elimination: rewrite an adjoint term as a sum over its non-zero region.
+
+A :class:`~te_autodiff.term.Term` is ``Σ_{s ∈ D} value(s, o) · [j == idx(s, o)]``.
+Most of its summands are zero: for a strided copy exactly one ``s`` matches
+each ``j``.  :func:`gather` turns the term into
+
+    select(guards(o), Σ_{z ∈ bounds(o)} value(s(o, z), o), 0)
+
+1. The indices and the value's guard conditions are made linear in integer
+   variables; ``x // c`` and ``x % c`` get a quotient variable ``q`` with
+   ``0 <= x - c·q <= c - 1`` (flatten, pooling, strides).
+2. The equalities ``j - idx(s) = 0`` (and equality guards) are solved over
+   the integers by ``arith.solve_equations`` (Smith normal form): each
+   summation variable becomes an affine function of the outer variables and of
+   new free variables ``z``, under divisibility conditions.
+3. The domain of ``s`` and the linear guards, rewritten in ``z``, give each
+   ``z`` affine bounds by Fourier–Motzkin (``arith.fourier_motzkin``), with
+   constraints implied by the outer variables' ranges pruned by OR-tools.
+4. Whatever is left on the outer variables alone becomes the outer guard;
+   conditions the solver cannot use (data-dependent ones) stay as selects.
+
+Every step preserves the value exactly; ``term.naive`` is the oracle.
+"""
+from __future__ import annotations
+
+import logging
+
+from arith import LinearExpr, LinearSystem, fourier_motzkin, is_implied, solve_equations
+from arith import Var as ArithVar
+
+from . import dtype as dt
+from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, cast, compare, const,
+                   floordiv, is_const, logic_not, maximum, minimum, mod, reduce, select, var)
+from .term import Term
+from .visit import children, free_vars, rebuild, substitute
+
+log = logging.getLogger("te_autodiff.zero_elim")
+
+
+def gather(term: Term):
+    """``term`` summed over its non-zero region only (equal to ``naive(term)``)."""
+    parts = _additive_parts(term.value)
+    if len(parts) > 1 and any(_split(p)[0] for p in parts):
+        total = const(0, term.dtype)
+        for sign, p in parts:
+            piece = _Gather(Term(term.eq_vars, term.indices, p, term.sum_axes, term.sum_doms)).run()
+            total = total + piece if sign > 0 else total - piece
+        return total
+    return _Gather(term).run()
+
+
+_MAX_PARTS = 8
+
+
+def _additive_parts(e):
+    """``e`` as signed summands ``[(±1, part)]`` of its top-level + and -
+    (at most ``_MAX_PARTS``: a shared sum is not unfolded into a tree)."""
+    parts, stack = [], [(1, e)]
+    while stack:
+        sign, x = stack.pop()
+        if isinstance(x, BinOp) and x.op in ("add", "sub") and len(parts) + len(stack) < _MAX_PARTS:
+            stack += [(sign, x.a), (-sign if x.op == "sub" else sign, x.b)]
+        else:
+            parts.append((sign, x))
+    return parts
+
+
+def _split(e, memo=None):
+    """``e == select(all(conds), core, 0)``: returns ``(conds, core)``, memoised
+    per node so shared products are visited once."""
+    memo = {} if memo is None else memo
+    if e in memo:
+        return memo[e]
+    conds, core = [], e
+    if isinstance(e, Select) and (is_const(e.b, 0) or is_const(e.a, 0)):
+        taken, cond = (e.a, e.cond) if is_const(e.b, 0) else (e.b, logic_not(e.cond))
+        inner, core = _split(taken, memo)
+        conds = [cond] + inner
+    elif isinstance(e, BinOp) and e.op == "mul":
+        ca, a = _split(e.a, memo)
+        cb, b = _split(e.b, memo)
+        if ca or cb:
+            conds, core = ca + [c for c in cb if c not in ca], a * b
+    elif (isinstance(e, BinOp) and e.op == "div") or isinstance(e, (Unary, Cast)) and _linear_unary(e):
+        ca, a = _split(e.a, memo)
+        if ca:
+            conds, core = ca, rebuild(e, [a] + list(children(e))[1:])
+    memo[e] = (conds, core)
+    return conds, core
+
+
+def _linear_unary(e) -> bool:
+    """Unary nodes with f(0) == 0 that a zero factor passes through."""
+    return isinstance(e, Cast) or e.op == "neg"
+
+
+def _conjuncts(c):
+    if isinstance(c, Logic) and c.op == "and":
+        return _conjuncts(c.a) + _conjuncts(c.b)
+    return [c]
+
+
+_FLIP = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+class _Linear:
+    """te index expressions -> ``LinearExpr`` over te variables and quotients."""
+
+    def __init__(self):
+        self.quotients = {}     # (dividend LinearExpr, divisor) -> quotient te Var
+        self.constraints = []   # 0 <= x - c*q <= c - 1 for each quotient
+
+    def __call__(self, e):
+        """The linear form of integer expression ``e``, or None."""
+        if not dt.is_int(e.dtype):
+            return None
+        if isinstance(e, Const):
+            return LinearExpr.const(e.value)
+        if isinstance(e, Var):
+            return LinearExpr.var(e)
+        if isinstance(e, Cast):
+            return self(e.a)
+        if isinstance(e, Unary) and e.op == "neg":
+            a = self(e.a)
+            return None if a is None else -a
+        if not isinstance(e, BinOp):
+            return None
+        a, b = self(e.a), self(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "add":
+            return a + b
+        if e.op == "sub":
+            return a - b
+        if e.op == "mul":
+            if a.is_const:
+                return b * a.const
+            return a * b.const if b.is_const else None
+        if e.op in ("floordiv", "mod") and b.is_const and b.const > 0:
+            c = b.const
+            q = self._quotient(a, c)
+            return LinearExpr.var(q) if e.op == "floordiv" else a - LinearExpr.var(q, c)
+        return None
+
+    def _quotient(self, x, c):
+        key = (x, c)
+        q = self.quotients.get(key)
+        if q is None:
+            q = var("q")
+            self.quotients[key] = q
+            # floor division as constraints: c*q <= x <= c*q + c - 1
+            self.constraints += [x - LinearExpr.var(q, c), LinearExpr.var(q, c) + (c - 1) - x]
+        return q
+
+    def condition(self, c):
+        """``c`` as ``(equalities, inequalities)`` (each ``LinearExpr``), or None."""
+        if isinstance(c, Logic) and c.op == "not" and isinstance(c.a, Cmp):
+            c = compare(_FLIP[c.a.op], c.a.a, c.a.b)
+        if not isinstance(c, Cmp) or c.op == "ne":
+            return None
+        a, b = self(c.a), self(c.b)
+        if a is None or b is None:
+            return None
+        d = b - a
+        return {"lt": ([], [d - 1]), "le": ([], [d]), "gt": ([], [-d - 1]),
+                "ge": ([], [-d]), "eq": ([d], [])}[c.op]
+
+
+class _Gather:
+    def __init__(self, term: Term):
+        self.term = term
+        self.lin = _Linear()
+        self.te_of = {}         # arith variable -> te expression
+
+    def run(self):
+        t = self.term
+        zero = const(0, t.dtype)
+        eqs, ineqs, residual = [], [], []
+        for s, (lo, ext) in zip(t.sum_axes, t.sum_doms):
+            lo_l, hi_l = self.lin(lo), self.lin(lo + ext - 1)
+            if lo_l is None or hi_l is None:
+                residual.append(all_(s >= lo, s < lo + ext))
+                lo_l, hi_l = (LinearExpr.const(s.dom[0]), LinearExpr.const(s.dom[0] + s.dom[1] - 1))
+            ineqs += [LinearExpr.var(s) - lo_l, hi_l - LinearExpr.var(s)]
+        for v, ix in zip(t.eq_vars, t.indices):
+            ix_l = self.lin(ix)
+            if ix_l is None:
+                residual.append(compare("eq", v, ix))
+            else:
+                eqs.append(LinearExpr.var(v) - ix_l)
+        conds, core = _split(t.value)
+        for c in (p for cond in conds for p in _conjuncts(cond)):
+            form = self.lin.condition(c)
+            if form is None:
+                residual.append(c)
+            else:
+                eqs += form[0]
+                ineqs += form[1]
+        ineqs += self.lin.constraints
+        unknowns = list(t.sum_axes) + list(self.lin.quotients.values())
+        sol = solve_equations(eqs, unknowns)
+        if sol.infeasible:
+            return zero
+        self._name_free(sol)
+        guards = [compare("eq", self.to_te(c), 0) for c in sol.conditions]
+        for q, num, d in sol.quotients:
+            n_te = self.to_te(num)
+            guards.append(compare("eq", mod(n_te, d), 0))
+            self.te_of[q] = floordiv(n_te, d)
+        ineqs = [e.substitute(sol.values) for e in ineqs]
+        context = self._context(ineqs, sol)
+        fm = fourier_motzkin(ineqs, sol.free, context=context)
+        if fm.infeasible:
+            return zero
+        guards += [self.nonneg(r) for r in fm.remaining if not is_implied(r, context)]
+        values = {u: self.to_te(e) for u, e in sol.values.items() if isinstance(u, Var)}
+        body = substitute(core, values)
+        inner = []
+        for c in residual:
+            c = substitute(c, values)
+            (guards if not (free_vars(c) & set(self.te_of[z] for z in sol.free)) else inner).append(c)
+        if inner:
+            body = select(all_(*inner), body, zero)
+        axes, doms = [], []
+        for b in fm.bounds:
+            lo = _combine(maximum, [_ceil_div(self.to_te(e), a) for e, a in b.lower])
+            hi = _combine(minimum, [floordiv(self.to_te(e), a) for e, a in b.upper])
+            axes.append(self.te_of[b.var])
+            doms.append((lo, hi - lo + 1))
+        result = reduce("sum", body, axes, doms)
+        log.debug("gather: %d free variable(s), %d guard(s), %d residual condition(s)",
+                  len(axes), len(guards), len(inner))
+        return select(all_(*guards), result, zero) if guards else result
+
+    def _name_free(self, sol):
+        """A te variable per free variable, named after the unknown it stands for
+        (whose range is then its static box, used when the result is lifted)."""
+        stands_for = {}
+        for u, e in sol.values.items():
+            if isinstance(u, Var) and len(e.terms) == 1 and not e.const and e.coeff(e.vars[0]) == 1:
+                stands_for.setdefault(e.vars[0], u)
+        for z in sol.free:
+            u = stands_for.get(z)
+            self.te_of[z] = var(u.name, u.dom) if u is not None else var("z")
+
+    def _context(self, ineqs, sol):
+        """What holds of the outer variables wherever the result is used: their
+        ranges, and ``num == d·q`` for each quotient (so ``q``'s range follows)."""
+        ranges, eqs = {}, []
+        exprs = ineqs + [num for _, num, _ in sol.quotients]
+        for v in {v for e in exprs for v in e.vars}:
+            if isinstance(v, Var) and v.dom is not None and v not in sol.free:
+                ranges[v] = (v.dom[0], v.dom[0] + v.dom[1] - 1)
+        for q, num, d in sol.quotients:
+            if all(v in ranges for v in num.vars):
+                lo, hi = _interval(num, ranges)
+                ranges[q] = (-(-lo // d), hi // d)
+                eqs.append(num - LinearExpr.var(q, d))
+        return LinearSystem(ranges=ranges, equalities=eqs)
+
+    def nonneg(self, e: LinearExpr):
+        """``e >= 0`` as a readable te condition: positive terms left, the rest right."""
+        pos = LinearExpr({v: e.coeff(v) for v in e.vars if e.coeff(v) > 0})
+        neg = pos - e + e.const                      # e = pos - neg + const
+        if pos.is_const:
+            return compare("le", self.to_te(neg), e.const)
+        if neg.is_const:
+            return compare("ge", self.to_te(pos), -e.const)
+        return compare("ge", self.to_te(pos + e.const), self.to_te(neg))
+
+    def to_te(self, e: LinearExpr):
+        """A ``LinearExpr`` as a te index expression."""
+        pos = [v for v in e.vars if e.coeff(v) > 0]
+        neg = [v for v in e.vars if e.coeff(v) < 0]
+        out = None
+        for v in pos + neg:
+            term = self.te_of.get(v, v) if isinstance(v, ArithVar) else v
+            c = e.coeff(v)
+            if out is None:
+                out = term * c if c != -1 else -term
+            else:
+                out = out + term * c if c > 0 else out - term * (-c)
+        if out is None:
+            return const(e.const, dt.INDEX)
+        return out + e.const if e.const >= 0 else out - (-e.const)
+
+
+def _interval(e: LinearExpr, ranges) -> tuple:
+    """Min and max of ``e`` over the box ``ranges``."""
+    lo = hi = e.const
+    for v in e.vars:
+        c, (a, b) = e.coeff(v), ranges[v]
+        lo, hi = lo + min(c * a, c * b), hi + max(c * a, c * b)
+    return lo, hi
+
+
+def _ceil_div(x, a: int):
+    """ceil(x / a) for a > 0, as -((-x) // a)."""
+    return x if a == 1 else -floordiv(-x, a)
+
+
+def _combine(fn, items):
+    out = items[0]
+    for x in items[1:]:
+        out = fn(out, x)
+    return out
