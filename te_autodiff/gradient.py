@@ -65,7 +65,7 @@ def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
         (const(0, dt.INDEX), const(s, dt.INDEX)) for s in t.shape) + tuple(red_doms)
     # the derivative refers to the value of t itself (exp, tanh, sigmoid...):
     # read it from t instead of recomputing it
-    stored = {body: lt[lt.axes]} if body is lt.body and not isinstance(body, (Load, Const, Var)) else {}
+    stored = {body: t[lt.axes]} if body is lt.body and not isinstance(body, (Load, Const, Var)) else {}
     terms = []
     for load, coef in load_adjoints(body, seed, {x}).items():
         coef = substitute(coef, stored)

@@ -92,6 +92,8 @@ class _Printer:
             for ax, (lo, ext) in zip(e.axes, e.doms):
                 if isinstance(lo, Const) and isinstance(ext, Const):
                     hi = str(lo.value + ext.value)
+                elif _is_inclusive(ext, lo):       # ext = (last - lo) + 1
+                    hi = "=" + self.expr(ext.a.a)
                 else:
                     hi = self.expr(lo + ext)
                 ranges.append(f"{self.var(ax)} in {self.expr(lo)}..{hi}")
@@ -103,6 +105,11 @@ class _Printer:
             return text
         lets = "".join(f"  let {n} = {t}\n" for n, t in self.lets)
         return f"{lets}  in {text}"
+
+
+def _is_inclusive(ext, lo) -> bool:
+    return (isinstance(ext, BinOp) and ext.op == "add" and isinstance(ext.b, Const) and ext.b.value == 1
+            and isinstance(ext.a, BinOp) and ext.a.op == "sub" and ext.a.b is lo)
 
 
 def _worth_naming(e) -> bool:

@@ -161,10 +161,12 @@ def _check_scope(e: Expr, scope: set, name: str, memo: dict):
                              "an axis of another te.compute or a reduce axis used outside its reduction")
         return
     if isinstance(e, Reduce):
-        for lo, ext in e.doms:
-            _check_scope(lo, scope, name, memo)
-            _check_scope(ext, scope, name, memo)
-        _check_scope(e.body, scope | set(e.axes), name, memo)
+        inner = set(scope)
+        for ax, (lo, ext) in zip(e.axes, e.doms):   # a domain may use the axes before it
+            _check_scope(lo, inner, name, memo)
+            _check_scope(ext, inner, name, memo)
+            inner.add(ax)
+        _check_scope(e.body, inner, name, memo)
         return
     for c in children(e):
         _check_scope(c, scope, name, memo)

@@ -214,21 +214,31 @@ class _Gather:
             return zero
         guards += [self.nonneg(r) for r in fm.remaining if not is_implied(r, context)]
         values = {u: self.to_te(e) for u, e in sol.values.items() if isinstance(u, Var)}
-        body = substitute(core, values)
-        inner = []
-        for c in residual:
-            c = substitute(c, values)
-            (guards if not (free_vars(c) & set(self.te_of[z] for z in sol.free)) else inner).append(c)
-        if inner:
-            body = select(all_(*inner), body, zero)
-        axes, doms = [], []
+        conds = [substitute(c, values) for c in residual]
+        system = LinearSystem(ranges=context.ranges, equalities=context.equalities, inequalities=ineqs)
+        axes, doms, point = [], [], {}
         for b in fm.bounds:
             lo = _combine(maximum, [_ceil_div(self.to_te(e), a) for e, a in b.lower])
             hi = _combine(minimum, [floordiv(self.to_te(e), a) for e, a in b.upper])
-            axes.append(self.te_of[b.var])
-            doms.append((lo, hi - lo + 1))
-        result = reduce("sum", body, axes, doms)
-        log.debug("gather: %d free variable(s), %d guard(s), %d residual condition(s)",
+            z = self.te_of[b.var]
+            at, needs_guard = (0, False) if lo is hi else _single_point(b, system)
+            if at is not None:      # one point: substitute instead of summing
+                e, c = b.upper[at]
+                point[z] = substitute(floordiv(self.to_te(e), c), point)
+                if needs_guard:
+                    conds.append(compare("le", lo, hi))
+                continue
+            axes.append(z)
+            doms.append((substitute(lo, point), substitute(hi - lo + 1, point)))
+        body = substitute(core, values)
+        inner = []
+        for c in conds:
+            c = substitute(c, point)
+            (inner if free_vars(c) & set(axes) else guards).append(c)
+        if inner:
+            body = select(all_(*inner), body, zero)
+        result = reduce("sum", substitute(body, point), axes, doms)
+        log.debug("gather: %d summed variable(s), %d guard(s), %d inner condition(s)",
                   len(axes), len(guards), len(inner))
         return select(all_(*guards), result, zero) if guards else result
 
@@ -241,7 +251,10 @@ class _Gather:
                 stands_for.setdefault(e.vars[0], u)
         for z in sol.free:
             u = stands_for.get(z)
-            self.te_of[z] = var(u.name, u.dom) if u is not None else var("z")
+            if isinstance(z, Var):          # the solver kept an unknown as a free variable
+                self.te_of[z] = z
+            else:
+                self.te_of[z] = var(u.name, u.dom) if u is not None else var("z")
 
     def _context(self, ineqs, sol):
         """What holds of the outer variables wherever the result is used: their
@@ -274,7 +287,7 @@ class _Gather:
         neg = [v for v in e.vars if e.coeff(v) < 0]
         out = None
         for v in pos + neg:
-            term = self.te_of.get(v, v) if isinstance(v, ArithVar) else v
+            term = self.te_of.get(v, v)
             c = e.coeff(v)
             if out is None:
                 out = term * c if c != -1 else -term
@@ -283,6 +296,30 @@ class _Gather:
         if out is None:
             return const(e.const, dt.INDEX)
         return out + e.const if e.const >= 0 else out - (-e.const)
+
+
+def _single_point(b, system):
+    """Whether the bounds ``max_k ceil(L_k/a_k) <= z <= min_m floor(R_m/c_m)`` of ``b``
+    hold at most one integer, ``floor(R/c)``; returns ``(that upper bound's index
+    or None, whether the point may be missing so a guard is needed)``.
+
+    A pair ``L/a``, ``R/c`` leaves at most one integer when ``R/c - L/a < 1``,
+    i.e. ``a·R - c·L <= a·c - 1`` (mixed-radix splits such as
+    ``j = 8c + 4y + z`` give exactly this).  The point ``q = floor(R/c)``
+    (``0 <= R - c·q <= c - 1``) is always present when every bound admits it:
+    ``a_k·q >= L_k`` and ``c_m·q <= R_m``.
+    """
+    for n, (e2, c) in enumerate(b.upper):
+        if not any(is_implied(LinearExpr.const(a * c - 1) - (e2 * a - e1 * c), system)
+                   for e1, a in b.lower):
+            continue
+        q = ArithVar("q")
+        qv = LinearExpr.var(q, c)
+        with_q = system.with_inequality(e2 - qv).with_inequality(qv + (c - 1) - e2)
+        present = (all(is_implied(LinearExpr.var(q, a) - e1, with_q) for e1, a in b.lower)
+                   and all(is_implied(r - LinearExpr.var(q, d), with_q) for r, d in b.upper))
+        return n, not present
+    return None, False
 
 
 def _interval(e: LinearExpr, ranges) -> tuple:

@@ -1,0 +1,68 @@
+"""Sharing across tensors: one computation for every value the program needs twice.
+
+Inside one formula, hash-consing already shares equal sub-expressions (and
+``te.pretty`` and the loop IR let-bind them).  Across tensors,
+:func:`share` finds compute ops that define the same values — the same body
+up to the names of their axes and reduce variables, reading the same tensors —
+and keeps one of each, so that a program built from forward outputs and
+their gradients computes every common value (a lifted reduction, a
+max-pool's argmax, an activation) once.  It also rewrites every tensor into
+the lifted normal form (``lift.py``) which both the forward and the
+derivative read.
+"""
+from __future__ import annotations
+
+from .expr import Load, Reduce, var
+from .graph import tensors_in_order
+from .lift import lifted
+from .tensor import Tensor
+from .visit import rewrite, substitute
+
+_CANON_AXES: dict = {}
+
+
+def _canon_var(kind: str, n: int, dom):
+    """The canonical variable for position ``n`` (fixed objects, so bodies that
+    differ only in their variables' names become the same hash-consed node)."""
+    key = (kind, n, dom)
+    v = _CANON_AXES.get(key)
+    if v is None:
+        v = _CANON_AXES[key] = var(f"{kind}{n}", dom)
+    return v
+
+
+def canonical_body(t: Tensor):
+    """``t``'s body with its axes and reduce variables renamed canonically."""
+    rename = {a: _canon_var("a", d, a.dom) for d, a in enumerate(t.axes)}
+    body = substitute(t.body, rename)
+    count = iter(range(1 << 30))
+
+    def rebind(node, new):
+        if isinstance(new, Reduce):
+            inner = {ax: _canon_var("r", next(count), ax.dom) for ax in new.axes}
+            return Reduce(new.op, substitute(new.body, inner), tuple(inner[a] for a in new.axes),
+                          tuple(tuple(substitute(x, inner) for x in dom) for dom in new.doms))
+        return None
+    return rewrite([body], rebind)[0]
+
+
+def share(outputs) -> dict:
+    """``{tensor: representative}`` for every tensor below ``outputs``: each
+    compute tensor is replaced by its lifted form, reading representatives,
+    and tensors that compute the same values map to one representative."""
+    rep, by_key = {}, {}
+    for t in tensors_in_order(outputs, lambda t: lifted(t).inputs):
+        if t.is_placeholder:
+            rep[t] = t
+            continue
+        lt = lifted(t)
+        body = rewrite([lt.body], lambda node, new: Load(rep[new.tensor], new.indices)
+                       if isinstance(new, Load) and rep.get(new.tensor, new.tensor) is not new.tensor
+                       else None)[0]
+        key = (lt.shape, lt.dtype, canonical_body(Tensor(t.name, lt.shape, lt.dtype, lt.axes, body)))
+        if key in by_key:
+            rep[t] = by_key[key]
+        else:
+            new = lt if body is lt.body else Tensor(t.name, lt.shape, lt.dtype, lt.axes, body)
+            rep[t] = by_key[key] = new
+    return rep
