@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 
 from . import dtype as dt
-from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, cast, compare, const, floordiv,
+from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
                    is_const, logic_and, power, select, unary)
 from .visit import children, topo_order
 
@@ -71,6 +71,15 @@ RULES = {
 }
 
 
+def _peel_guards(g):
+    """``(c, g')`` with ``g == select(c, g', 0)``, or ``(None, g)``."""
+    conds = []
+    while isinstance(g, Select) and is_const(g.b, 0):
+        conds.append(g.cond)
+        g = g.a
+    return (all_(*conds) if conds else None), g
+
+
 def differentiable(e) -> bool:
     """Only float-valued nodes carry derivatives."""
     return dt.is_float(e.dtype)
@@ -106,9 +115,14 @@ def load_adjoints(root, seed, wanted) -> dict:
         rule = RULES.get(type(node))
         if rule is None:
             continue
+        # a guarded adjoint select(c, g', 0) keeps its guard around whatever the
+        # rule multiplies it with: the factors may read out of range where c fails
+        guard, g = _peel_guards(g)
         for child, contrib in zip(children(node), rule(node, g)):
             if contrib is None or child not in active:
                 continue
+            if guard is not None:
+                contrib = select(guard, contrib, _zero(contrib))
             prev = adj.get(child)
             adj[child] = contrib if prev is None else prev + contrib
     return out

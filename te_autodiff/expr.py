@@ -359,6 +359,9 @@ def binop(op: str, a, b) -> Expr:
             return a
         if a is b and not dt.is_float(a.dtype):
             return const(0, a.dtype)
+        c = _floor_multiple(b, a)
+        if c is not None:                       # x - c * (x // c) == x % c
+            return binop("mod", a, c)
     elif op == "mul":
         if is_const(a, 1):
             return b
@@ -367,7 +370,7 @@ def binop(op: str, a, b) -> Expr:
         if is_const(a, 0) or is_const(b, 0):
             return const(0, a.dtype)
     elif op in ("div", "floordiv"):
-        if is_const(b, 1):
+        if is_const(b, 1) and (op == "div" or not dt.is_float(a.dtype)):
             return a
         if is_const(a, 0) and not is_const(b, 0):
             return const(0, a.dtype)
@@ -379,6 +382,17 @@ def binop(op: str, a, b) -> Expr:
     elif op in ("max", "min") and a is b:
         return a
     return BinOp(op, a, b)
+
+
+def _floor_multiple(b, x):
+    """``c`` when ``b`` is ``c * (x // c)`` (either order) for an integer constant ``c``."""
+    if not (isinstance(b, BinOp) and b.op == "mul" and dt.is_int(b.dtype)):
+        return None
+    for c, q in ((b.a, b.b), (b.b, b.a)):
+        if (isinstance(c, Const) and isinstance(q, BinOp) and q.op == "floordiv"
+                and q.a is x and q.b is c):
+            return c
+    return None
 
 
 def add(a, b):

@@ -17,11 +17,17 @@ from __future__ import annotations
 
 import weakref
 
-from .expr import Reduce, Select, all_, const, logic_not, select, var
+from .expr import Reduce, Select, all_, const, identity_of, logic_not, select, var
 from .tensor import Tensor
 from .visit import children, free_vars, rebuild, substitute
 
 _LIFTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PARTS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def is_lifted_part(t: Tensor) -> bool:
+    """Whether ``t`` is a reduction lifted out of another tensor's formula."""
+    return t in _PARTS
 
 
 def lifted(t: Tensor) -> Tensor:
@@ -91,10 +97,16 @@ class _Lifter:
             axes_new.append(nv)
             rename[v] = nv + lo
             reads.append(v - lo)
+        # the guards move into the reduction's body (where they do not hold the
+        # value is never read), so the lifted tensor stays in normal form
         keep = [g for g in guards if free_vars(g) <= fv]
-        body = substitute(select(all_(*keep), r, const(0, r.dtype)) if keep else r, rename)
+        if keep:
+            idle = const(identity_of(r.op, r.body.dtype), r.body.dtype)
+            r = Reduce(r.op, select(all_(*keep), r.body, idle), r.axes, r.doms)
+        body = substitute(r, rename)
         self.count += 1
         lt = Tensor(f"{self.t.name}.r{self.count}", tuple(shape), body.dtype, tuple(axes_new), body)
+        _PARTS.add(lt)
         return lt[tuple(reads)]
 
 

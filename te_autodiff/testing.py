@@ -25,8 +25,8 @@ def as_float64(tensors) -> dict:
     def fix(node, rebuilt):
         if isinstance(node, Const) and dt.is_float(node.dtype):
             return const(node.value, "float64")
-        if isinstance(node, Cast) and dt.is_float(node.to):
-            return cast("float64", rebuilt.a)
+        if isinstance(node, Cast) and node.to == "float32":
+            return cast("float64", rebuilt.a if isinstance(rebuilt, Cast) else rebuilt)
         if isinstance(node, Load):
             return Load(new[node.tensor], rebuilt.indices)
         return None

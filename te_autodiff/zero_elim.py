@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 
-from arith import LinearExpr, LinearSystem, fourier_motzkin, is_implied, solve_equations
+from arith import LinearExpr, LinearSystem, fourier_motzkin, is_feasible, is_implied, solve_equations
 from arith import Var as ArithVar
 
 from . import dtype as dt
@@ -100,6 +100,7 @@ def _conjuncts(c):
     return [c]
 
 
+_FLIP_SIDES = {"ge": "le", "eq": "eq"}
 _FLIP = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
 
@@ -202,7 +203,7 @@ class _Gather:
         if sol.infeasible:
             return zero
         self._name_free(sol)
-        guards = [compare("eq", self.to_te(c), 0) for c in sol.conditions]
+        guards = [self.relation("eq", c) for c in sol.conditions]
         for q, num, d in sol.quotients:
             n_te = self.to_te(num)
             guards.append(compare("eq", mod(n_te, d), 0))
@@ -210,22 +211,33 @@ class _Gather:
         ineqs = [e.substitute(sol.values) for e in ineqs]
         context = self._context(ineqs, sol)
         fm = fourier_motzkin(ineqs, sol.free, context=context)
-        if fm.infeasible:
+        if fm.infeasible or not all(b.lower and b.upper for b in fm.bounds):
+            # every summation variable was bounded, so a variable left without
+            # bounds means pruning found the constraints contradictory
+            if is_feasible(LinearSystem(ranges=context.ranges, equalities=context.equalities,
+                                        inequalities=ineqs)):
+                raise RuntimeError(f"zero elimination lost the bounds of a summation variable:\n{fm}")
             return zero
         guards += [self.nonneg(r) for r in fm.remaining if not is_implied(r, context)]
         values = {u: self.to_te(e) for u, e in sol.values.items() if isinstance(u, Var)}
         conds = [substitute(c, values) for c in residual]
-        system = LinearSystem(ranges=context.ranges, equalities=context.equalities, inequalities=ineqs)
+        outer = context         # what holds of the variables outside the current one
         axes, doms, point = [], [], {}
         for b in fm.bounds:
             lo = _combine(maximum, [_ceil_div(self.to_te(e), a) for e, a in b.lower])
             hi = _combine(minimum, [floordiv(self.to_te(e), a) for e, a in b.upper])
             z = self.te_of[b.var]
-            at, needs_guard = (0, False) if lo is hi else _single_point(b, system)
+            at, needs_guard = (0, False) if lo is hi else _single_point(b, outer)
+            for e, a in b.lower:
+                outer = outer.with_inequality(LinearExpr.var(b.var, a) - e)
+            for e, a in b.upper:
+                outer = outer.with_inequality(e - LinearExpr.var(b.var, a))
             if at is not None:      # one point: substitute instead of summing
                 e, c = b.upper[at]
                 point[z] = substitute(floordiv(self.to_te(e), c), point)
-                if needs_guard:
+                if needs_guard and b.lower == ((e, c),):   # ceil(e/c) <= floor(e/c)
+                    conds.append(compare("eq", mod(self.to_te(e), c), 0))
+                elif needs_guard:
                     conds.append(compare("le", lo, hi))
                 continue
             axes.append(z)
@@ -272,14 +284,18 @@ class _Gather:
         return LinearSystem(ranges=ranges, equalities=eqs)
 
     def nonneg(self, e: LinearExpr):
-        """``e >= 0`` as a readable te condition: positive terms left, the rest right."""
+        """``e >= 0`` as a readable te condition."""
+        return self.relation("ge", e)
+
+    def relation(self, op: str, e: LinearExpr):
+        """``e op 0`` as a readable te condition: positive terms left, the rest right."""
         pos = LinearExpr({v: e.coeff(v) for v in e.vars if e.coeff(v) > 0})
         neg = pos - e + e.const                      # e = pos - neg + const
         if pos.is_const:
-            return compare("le", self.to_te(neg), e.const)
+            return compare(_FLIP_SIDES[op], self.to_te(neg), e.const)
         if neg.is_const:
-            return compare("ge", self.to_te(pos), -e.const)
-        return compare("ge", self.to_te(pos + e.const), self.to_te(neg))
+            return compare(op, self.to_te(pos), -e.const)
+        return compare(op, self.to_te(pos + e.const), self.to_te(neg))
 
     def to_te(self, e: LinearExpr):
         """A ``LinearExpr`` as a te index expression."""
@@ -290,15 +306,15 @@ class _Gather:
             term = self.te_of.get(v, v)
             c = e.coeff(v)
             if out is None:
-                out = term * c if c != -1 else -term
+                out = c * term if c != -1 else -term
             else:
-                out = out + term * c if c > 0 else out - term * (-c)
+                out = out + c * term if c > 0 else out - (-c) * term
         if out is None:
             return const(e.const, dt.INDEX)
         return out + e.const if e.const >= 0 else out - (-e.const)
 
 
-def _single_point(b, system):
+def _single_point(b, outer):
     """Whether the bounds ``max_k ceil(L_k/a_k) <= z <= min_m floor(R_m/c_m)`` of ``b``
     hold at most one integer, ``floor(R/c)``; returns ``(that upper bound's index
     or None, whether the point may be missing so a guard is needed)``.
@@ -310,12 +326,12 @@ def _single_point(b, system):
     ``a_k·q >= L_k`` and ``c_m·q <= R_m``.
     """
     for n, (e2, c) in enumerate(b.upper):
-        if not any(is_implied(LinearExpr.const(a * c - 1) - (e2 * a - e1 * c), system)
+        if not any(is_implied(LinearExpr.const(a * c - 1) - (e2 * a - e1 * c), outer)
                    for e1, a in b.lower):
             continue
         q = ArithVar("q")
         qv = LinearExpr.var(q, c)
-        with_q = system.with_inequality(e2 - qv).with_inequality(qv + (c - 1) - e2)
+        with_q = outer.with_inequality(e2 - qv).with_inequality(qv + (c - 1) - e2)
         present = (all(is_implied(LinearExpr.var(q, a) - e1, with_q) for e1, a in b.lower)
                    and all(is_implied(r - LinearExpr.var(q, d), with_q) for r, d in b.upper))
         return n, not present

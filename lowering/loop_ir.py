@@ -1,0 +1,322 @@
+"""Loop IR: buffers, loop nests, stores and local scalars; immutable and printable.
+
+Expressions reuse the hash-consed nodes of ``te_autodiff.expr`` (Const, Var,
+BinOp, Cmp, Logic, Unary, Select, Cast) plus two leaves of their own:
+:class:`BufLoad` (one element of a flat buffer) and :class:`Local` (a scalar
+variable declared by :class:`Alloc` and written by :class:`Assign`).  Loop IR
+expressions are pure and cannot fault: anything that may (a guarded read, a
+reduction) has been turned into statements by ``lower.py``.
+
+``str(program)`` is the readable text shown as ``kernel.loop_ir``; with
+``typed=True`` every constant carries its dtype, which makes the text a
+faithful structural key (the compile cache uses it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
+from te_autodiff.visit import children as te_children
+
+LOOP_KINDS = ("serial", "parallel", "vectorize")
+BUFFER_KINDS = ("input", "output", "temp")
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A flat row-major array: a placeholder (input), an output or a temporary."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    kind: str
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def __str__(self):
+        return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}] {self.kind}"
+
+
+class BufLoad(Expr):
+    """``buffer[index]`` with a row-major linear ``index``."""
+
+    __slots__ = ("buffer", "index")
+    fields = ("buffer", "index")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.buffer.dtype)
+
+    def __repr__(self):
+        return f"<BufLoad {expr_text(self)}>"
+
+
+class Local(Expr):
+    """A scalar local variable, unique by ``name`` within one stage."""
+
+    __slots__ = ("name", "dtype_")
+    fields = ("name", "dtype_")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.dtype_)
+
+    def __repr__(self):
+        return f"<Local {self.name}: {self.dtype}>"
+
+
+def children(e: Expr) -> tuple:
+    """Sub-expressions of a loop IR expression."""
+    if isinstance(e, BufLoad):
+        return (e.index,)
+    return te_children(e)
+
+
+# ----------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    stmts: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class For:
+    """``for var in [lo, lo + extent)``; an extent <= 0 runs no iteration.
+    ``kind``: serial; parallel (iterations independent, the runtime may split
+    them across threads); vectorize (iterations independent, a hint for the
+    loop vectoriser)."""
+
+    var: Var
+    lo: Expr
+    extent: Expr
+    body: object
+    kind: str = "serial"
+
+
+@dataclass(frozen=True, eq=False)
+class Store:
+    buffer: Buffer
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True, eq=False)
+class Alloc:
+    """Declare ``local``, initialised to ``init`` when it is not None."""
+
+    local: Local
+    init: Expr | None
+
+
+@dataclass(frozen=True, eq=False)
+class Assign:
+    local: Local
+    value: Expr
+
+
+@dataclass(frozen=True, eq=False)
+class If:
+    cond: Expr
+    then: Block
+    else_: Block | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Check:
+    """Run-time bounds check: unless ``0 <= index < extent`` record error
+    ``code`` with the bad index and leave the stage."""
+
+    index: Expr
+    extent: int
+    code: int
+    tensor: str
+    dim: int
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """One materialised tensor: a loop nest whose root loop is parallel."""
+
+    name: str
+    buffer: Buffer
+    body: For
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """Buffers (inputs first, in argument order), stages in execution order,
+    ``results`` (the buffer holding each requested output, possibly repeated
+    or an input), and the run-time check table ``(tensor, dim, extent)``
+    indexed by ``Check.code - 1``."""
+
+    name: str
+    buffers: tuple
+    stages: tuple
+    results: tuple
+    checks: tuple
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple(b for b in self.buffers if b.kind == "input")
+
+    @property
+    def temp_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers if b.kind == "temp")
+
+    def text(self, typed: bool = False) -> str:
+        return _Printer(typed).program(self)
+
+    def __str__(self):
+        return self.text()
+
+
+def walk(stmt):
+    """Every statement in ``stmt``, parents before children."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        yield s
+        if isinstance(s, Block):
+            stack.extend(reversed(s.stmts))
+        elif isinstance(s, For):
+            stack.append(s.body)
+        elif isinstance(s, If):
+            stack.extend(b for b in (s.else_, s.then) if b is not None)
+
+
+_STMT_EXPRS = {
+    For: lambda s: (s.lo, s.extent),
+    Store: lambda s: (s.index, s.value),
+    Alloc: lambda s: () if s.init is None else (s.init,),
+    Assign: lambda s: (s.value,),
+    If: lambda s: (s.cond,),
+    Check: lambda s: (s.index,),
+    Block: lambda s: (),
+}
+
+
+def stmt_exprs(s) -> tuple:
+    """The expressions a statement evaluates itself (not those of nested statements)."""
+    return _STMT_EXPRS[type(s)](s)
+
+
+# ------------------------------------------------------------------- printing
+
+_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
+          "floordiv": ("//", 2), "mod": ("%", 2)}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+class _Printer:
+    """Indented text; every distinct variable gets a distinct name."""
+
+    def __init__(self, typed: bool):
+        self.typed = typed
+        self.names = {}
+        self.taken = set()
+
+    def var(self, v) -> str:
+        name = self.names.get(v)
+        if name is None:
+            name = v.name
+            while name in self.taken:
+                name += "'"
+            self.names[v] = name
+            self.taken.add(name)
+        return name
+
+    def expr(self, e, prec: int = 0) -> str:
+        text, own = _FORMAT[type(e)](self, e)
+        return f"({text})" if own < prec else text
+
+    def const(self, e):
+        if e.dtype == "bool":
+            text = "true" if e.value else "false"
+        else:
+            text = repr(e.value)
+        if self.typed:
+            text += ":" + e.dtype
+        return (f"({text})" if e.dtype != "bool" and e.value < 0 else text), 3
+
+    def binop(self, e):
+        if e.op in _INFIX:
+            sym, p = _INFIX[e.op]
+            return f"{self.expr(e.a, p)} {sym} {self.expr(e.b, p + 1)}", p
+        return f"{e.op}({self.expr(e.a)}, {self.expr(e.b)})", 3
+
+    def logic(self, e):
+        if e.op == "not":
+            return f"not {self.expr(e.a, 3)}", 0
+        side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
+        return f"{self.expr(e.a, side[0])} {e.op} {self.expr(e.b, side[1])}", -1
+
+    def unary(self, e):
+        if e.op == "neg":
+            return f"-{self.expr(e.a, 3)}", 2
+        return f"{e.op}({self.expr(e.a)})", 3
+
+    def stmt(self, s, depth: int) -> list:
+        return _STMT_TEXT[type(s)](self, s, "  " * depth, depth)
+
+    def for_(self, s, pad, depth):
+        kind = "" if s.kind == "serial" else s.kind + " "
+        head = f"{pad}{kind}for {self.var(s.var)} in {self.expr(s.lo)}..{self.expr(s.lo + s.extent)}:"
+        return [head] + self.stmt(s.body, depth + 1)
+
+    def if_(self, s, pad, depth):
+        out = [f"{pad}if {self.expr(s.cond, -1)}:"] + self.stmt(s.then, depth + 1)
+        if s.else_ is not None:
+            out += [f"{pad}else:"] + self.stmt(s.else_, depth + 1)
+        return out
+
+    def program(self, p: Program) -> str:
+        ins = ", ".join(str(b) for b in p.inputs)
+        lines = [f"kernel {p.name}({ins}):"]
+        lines += [f"  {b}" for b in p.buffers if b.kind != "input"]
+        for st in p.stages:
+            lines.append(f"stage {st.name}:")
+            lines += self.stmt(st.body, 1)
+        lines.append("return " + ", ".join(b.name for b in p.results))
+        return "\n".join(lines)
+
+
+_FORMAT = {
+    Const: _Printer.const,
+    Var: lambda p, e: (p.var(e), 3),
+    BinOp: _Printer.binop,
+    Cmp: lambda p, e: (f"{p.expr(e.a, 1)} {_CMP[e.op]} {p.expr(e.b, 1)}", 0),
+    Logic: _Printer.logic,
+    Unary: _Printer.unary,
+    Cast: lambda p, e: (f"{e.to}({p.expr(e.a)})", 3),
+    Select: lambda p, e: (f"select({p.expr(e.cond)}, {p.expr(e.a)}, {p.expr(e.b)})", 3),
+    BufLoad: lambda p, e: (f"{e.buffer.name}[{p.expr(e.index)}]", 3),
+    Local: lambda p, e: (e.name, 3),
+    Load: lambda p, e: (f"{e.tensor.name}[{', '.join(p.expr(i) for i in e.indices)}]", 3),
+    Reduce: lambda p, e: (f"{e.op}[{', '.join(p.var(a) for a in e.axes)}]({p.expr(e.body)})", 3),
+}
+
+
+_STMT_TEXT = {
+    Block: lambda p, s, pad, depth: [line for x in s.stmts for line in p.stmt(x, depth)],
+    For: _Printer.for_,
+    If: _Printer.if_,
+    Store: lambda p, s, pad, depth: [f"{pad}{s.buffer.name}[{p.expr(s.index)}] = {p.expr(s.value)}"],
+    Alloc: lambda p, s, pad, depth: [f"{pad}{s.local.name}: {s.local.dtype}"
+                                     + ("" if s.init is None else f" = {p.expr(s.init)}")],
+    Assign: lambda p, s, pad, depth: [f"{pad}{s.local.name} = {p.expr(s.value)}"],
+    Check: lambda p, s, pad, depth: [f"{pad}check 0 <= {p.expr(s.index)} < {s.extent}"
+                                     f"  # {s.tensor} dim {s.dim}, error {s.code}"],
+}
+
+
+def expr_text(e: Expr) -> str:
+    """One expression (loop IR or te) as text."""
+    return _Printer(False).expr(e)

@@ -1,0 +1,79 @@
+"""Shared helpers for the te-autodiff tests: build-and-run wrappers and numeric references."""
+import contextlib
+import signal
+from types import SimpleNamespace
+
+import numpy as np
+
+import te_autodiff as te
+
+
+
+def run(inputs, outputs, arrays):
+    """Build ``outputs`` over the placeholders ``inputs``, run on ``arrays``; always a list."""
+    res = te.build(list(inputs), list(outputs))(*arrays)
+    return list(res) if isinstance(res, tuple) else [res]
+
+
+def build_grad(out, inputs, values, wrt=None, head=None, naive=True):
+    """Forward value and gradients of ``out`` from one kernel.
+
+    ``wrt`` (default: ``inputs``) are the tensors differentiated, ``head`` a
+    numpy array of ``out``'s shape or None.  Returns a namespace with ``fwd``,
+    ``grads`` (default ``te.gradient``) and ``naive`` (``optimize=False``,
+    when ``naive`` is true) as lists of arrays.
+    """
+    wrt = list(inputs) if wrt is None else list(wrt)
+    H = te.placeholder(out.shape, dtype=out.dtype, name="H") if head is not None else None
+    grads = te.gradient(out, wrt, head=H)
+    slow = te.gradient(out, wrt, head=H, optimize=False) if naive else []
+    ins = list(inputs) + ([H] if H is not None else [])
+    arrays = [np.asarray(v, dtype=t.dtype) for v, t in zip(values, inputs)]
+    arrays += [np.asarray(head, dtype=out.dtype)] if H is not None else []
+    res = run(ins, [out] + grads + slow, arrays)
+    n = len(wrt)
+    return SimpleNamespace(fwd=res[0], grads=res[1:1 + n], naive=res[1 + n:] if naive else None)
+
+
+def numeric_vjp(f, values, head, eps=1e-6):
+    """Central differences of ``sum(f(*values) * head)`` wrt each array of ``values`` (float64)."""
+    values = [np.array(v, dtype=np.float64) for v in values]
+    out = []
+    for v in values:
+        g = np.zeros_like(v)
+        flat, gflat = v.reshape(-1), g.reshape(-1)
+        for n in range(flat.size):
+            keep = flat[n]
+            flat[n] = keep + eps
+            up = np.sum(f(*values) * head)
+            flat[n] = keep - eps
+            down = np.sum(f(*values) * head)
+            flat[n] = keep
+            gflat[n] = (up - down) / (2 * eps)
+        out.append(g)
+    return out
+
+
+def assert_close(actual, expected, rtol=1e-6, atol=1e-9, what=""):
+    """``np.testing.assert_allclose`` over two lists (or two arrays)."""
+    if not isinstance(actual, (list, tuple)):
+        actual, expected = [actual], [expected]
+    assert len(actual) == len(expected)
+    for n, (a, e) in enumerate(zip(actual, expected)):
+        np.testing.assert_allclose(np.asarray(a, dtype=np.float64), np.asarray(e, dtype=np.float64),
+                                   rtol=rtol, atol=atol, err_msg=f"{what} [{n}]")
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise ``TimeoutError`` in the body after ``seconds`` (guards tests of calls that may hang)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"took longer than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -1,0 +1,181 @@
+"""Reductions: every op, nested in expressions and selects, expression domains, argmax."""
+import numpy as np
+import pytest
+
+import te_autodiff as te
+from te_autodiff.expr import const, reduce, var
+
+I64 = "int64"
+
+
+def build_run(inputs, outputs, *arrays):
+    return te.build(inputs, outputs)(*arrays)
+
+
+OPS = {"sum": (te.sum, np.sum), "max": (te.max, np.max), "min": (te.min, np.min), "prod": (te.prod, np.prod)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("op", OPS)
+def test_row_reductions(op, dtype):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.5, (6, 9)) if dtype.startswith("float") else rng.integers(-3, 4, (6, 9))
+    x = x.astype(dtype)
+    X = te.placeholder(x.shape, dtype, "X")
+    k = te.reduce_axis(9, "k")
+    ours, ref = OPS[op]
+    out = te.compute((6,), lambda i: ours(X[i, k], axis=k), name="out")
+    np.testing.assert_allclose(build_run([X], [out], x), ref(x, axis=1).astype(dtype), rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_reduction_over_two_axes_and_a_sub_range(op):
+    x = np.random.default_rng(1).uniform(0.5, 1.5, (4, 5, 6))
+    X = te.placeholder(x.shape, "float64", "X")
+    j, k = te.reduce_axis((1, 4), "j"), te.reduce_axis(6, "k")
+    ours, ref = OPS[op]
+    out = te.compute((4,), lambda i: ours(X[i, j, k], axis=[j, k]), name="out")
+    np.testing.assert_allclose(build_run([X], [out], x), ref(x[:, 1:4, :], axis=(1, 2)), rtol=1e-12)
+
+
+def test_reductions_inside_arithmetic():
+    x = np.random.default_rng(2).standard_normal((5, 7))
+    X = te.placeholder(x.shape, "float64", "X")
+    k, m = te.reduce_axis(7, "k"), te.reduce_axis(7, "m")
+    mean = te.compute((5,), lambda i: te.sum(X[i, k], axis=k) / 7.0, name="mean")
+    shifted = te.compute((5, 7), lambda i, j: 1.0 + te.max(X[i, m], axis=m) - X[i, j], name="shifted")
+    a, b = build_run([X], [mean, shifted], x)
+    np.testing.assert_allclose(a, x.mean(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(b, 1 + x.max(axis=1, keepdims=True) - x, rtol=1e-12)
+
+
+def test_fused_softmax_with_a_reduction_inside_a_reduction():
+    x = np.random.default_rng(3).standard_normal((4, 6))
+    X = te.placeholder(x.shape, "float64", "X")
+
+    def rowmax(i):
+        k = te.reduce_axis(6, "k")
+        return te.max(X[i, k], axis=k)
+
+    def denom(i):
+        k = te.reduce_axis(6, "k2")
+        return te.sum(te.exp(X[i, k] - rowmax(i)), axis=k)
+
+    sm = te.compute(x.shape, lambda i, j: te.exp(X[i, j] - rowmax(i)) / denom(i), name="softmax")
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(build_run([X], [sm], x), e / e.sum(axis=1, keepdims=True), rtol=1e-12)
+
+
+def test_reductions_inside_select_branches_run_only_when_taken():
+    x = np.random.default_rng(4).standard_normal((6, 5))
+    X = te.placeholder(x.shape, "float64", "X")
+    k, m = te.reduce_axis(5, "k"), te.reduce_axis(5, "m")
+    out = te.compute((6,), lambda i: te.if_then_else(te.equal(i % 2, 0), te.sum(X[i, k], axis=k),
+                                                     te.min(X[i, m], axis=m) * 10.0), name="out")
+    expected = np.where(np.arange(6) % 2 == 0, x.sum(axis=1), x.min(axis=1) * 10)
+    np.testing.assert_allclose(build_run([X], [out], x), expected, rtol=1e-12)
+    assert te.cost([X], [out])["iterations"] == 6 * 5
+
+
+def test_where_argument():
+    x = np.random.default_rng(5).standard_normal((3, 8))
+    X = te.placeholder(x.shape, "float64", "X")
+    k = te.reduce_axis(8, "k")
+    out = te.compute((3,), lambda i: te.sum(X[i, k], axis=k, where=X[i, k] > 0), name="out")
+    np.testing.assert_allclose(build_run([X], [out], x), np.where(x > 0, x, 0).sum(axis=1), rtol=1e-12)
+
+
+def test_triangular_domain_depending_on_the_outer_variable():
+    n = 9
+    x = np.random.default_rng(6).standard_normal(n)
+    X = te.placeholder((n,), "float64", "X")
+
+    def prefix(i):
+        k = var("k")
+        return reduce("sum", X[k], [k], [(const(0, I64), i + 1)])
+
+    out = te.compute((n,), prefix, name="prefix")
+    np.testing.assert_allclose(build_run([X], [out], x), np.cumsum(x), rtol=1e-12)
+    assert te.cost([X], [out])["iterations"] == n * (n + 1) // 2
+
+
+def test_window_domain_with_max_min_bounds_and_empty_ranges():
+    """out[i] = sum of X[k] for k in [max(0, i - 2), min(i, n - 1) - 1]; empty for i = 0."""
+    n = 7
+    x = np.arange(1.0, n + 1)
+    X = te.placeholder((n,), "float64", "X")
+
+    def window(i):
+        k = var("k")
+        lo = te.maximum(i - 2, 0)
+        return reduce("sum", X[k], [k], [(lo, te.minimum(i, n - 1) - lo)])
+
+    def window_max(i):
+        k = var("k")
+        lo = te.maximum(i - 2, 0)
+        return reduce("max", X[k], [k], [(lo, te.minimum(i, n - 1) - lo)])
+
+    s = te.compute((n,), window, name="s")
+    m = te.compute((n,), window_max, name="m")
+    got_s, got_m = build_run([X], [s, m], x)
+    exp_s = [x[max(0, i - 2):min(i, n - 1)].sum() for i in range(n)]
+    exp_m = [x[max(0, i - 2):min(i, n - 1)].max(initial=-np.inf) for i in range(n)]
+    np.testing.assert_allclose(got_s, exp_s)
+    np.testing.assert_array_equal(got_m, exp_m)
+    assert te.cost([X], [s])["iterations"] == sum(min(i, n - 1) - max(0, i - 2) for i in range(n))
+
+
+def argmax_of(X, doms):
+    """out[i] = argmax over the axes of X[i, ...] restricted to doms."""
+    def body(i):
+        axes = [var(f"k{n}") for n in range(len(doms))]
+        return reduce("argmax", X[(i, *axes)], axes, [(const(lo, I64), const(ext, I64)) for lo, ext in doms])
+    return te.compute((X.shape[0],), body, name="argmax")
+
+
+def test_argmax_first_maximum_wins():
+    x = np.array([[1, 3, 3, 0, 2], [5, 5, 5, 5, 5], [0, 1, 2, 3, 9], [-np.inf] * 5], "float32")
+    X = te.placeholder(x.shape, "float32", "X")
+    out = build_run([X], [argmax_of(X, [(0, 5)])], x)
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(out, np.argmax(x, axis=1))
+
+
+def test_argmax_over_two_axes_is_row_major_relative_to_lo():
+    x = np.random.default_rng(7).integers(0, 3, (4, 5, 6)).astype("int32")
+    X = te.placeholder(x.shape, "int32", "X")
+    out = build_run([X], [argmax_of(X, [(1, 3), (2, 4)])], x)
+    expected = [np.argmax(x[i, 1:4, 2:6].reshape(-1)) for i in range(4)]
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_bool_body_is_summed_as_int32():
+    x = np.random.default_rng(8).standard_normal((3, 10))
+    X = te.placeholder(x.shape, "float64", "X")
+    k = te.reduce_axis(10, "k")
+    out = te.compute((3,), lambda i: te.sum(X[i, k] > 0, axis=k), name="count")
+    got = build_run([X], [out], x)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, (x > 0).sum(axis=1))
+
+
+def test_reduction_on_the_right_of_a_short_circuit_and():
+    x = np.random.default_rng(9).standard_normal((5, 4))
+    X = te.placeholder(x.shape, "float64", "X")
+    k = te.reduce_axis(4, "k")
+    out = te.compute((5,), lambda i: te.all(i > 1, te.sum(X[i, k], axis=k) > 0.0).astype("int32"), name="out")
+    np.testing.assert_array_equal(build_run([X], [out], x), ((np.arange(5) > 1) & (x.sum(axis=1) > 0)))
+    assert te.cost([X], [out])["iterations"] == 3 * 4
+
+
+def test_max_and_min_propagate_nan_like_numpy():
+    x = np.array([[1.0, np.nan, 3.0], [1.0, 2.0, 3.0]])
+    X = te.placeholder(x.shape, "float64", "X")
+    k, m = te.reduce_axis(3, "k"), te.reduce_axis(3, "m")
+    mx = te.compute((2,), lambda i: te.max(X[i, k], axis=k), name="mx")
+    mn = te.compute((2,), lambda i: te.min(X[i, m], axis=m), name="mn")
+    pair = te.compute((2, 3), lambda i, j: te.maximum(X[i, j], 2.0) + te.minimum(X[i, j], 2.0), name="pair")
+    a, b, c = build_run([X], [mx, mn, pair], x)
+    np.testing.assert_array_equal(a, x.max(axis=1))
+    np.testing.assert_array_equal(b, x.min(axis=1))
+    np.testing.assert_array_equal(c, np.maximum(x, 2.0) + np.minimum(x, 2.0))
