@@ -22,7 +22,7 @@ _NAMES = itertools.count()
 class Tensor:
     """An n-dimensional array of scalars of one dtype, read with ``t[i, j]``."""
 
-    __slots__ = ("name", "shape", "dtype", "axes", "body", "__weakref__")
+    __slots__ = ("name", "shape", "dtype", "axes", "body", "_inputs", "__weakref__")
 
     def __init__(self, name, shape, dtype, axes=None, body=None):
         object.__setattr__(self, "name", name)
@@ -30,6 +30,7 @@ class Tensor:
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "axes", axes)
         object.__setattr__(self, "body", body)
+        object.__setattr__(self, "_inputs", None)
 
     def __setattr__(self, name, value):
         raise AttributeError("tensors are immutable")
@@ -45,13 +46,11 @@ class Tensor:
     @property
     def inputs(self) -> list["Tensor"]:
         """The tensors this compute op reads, in first-read order."""
-        if self.body is None:
-            return []
-        seen = {}
-        for node in topo_order([self.body]):
-            if isinstance(node, Load):
-                seen.setdefault(node.tensor, None)
-        return list(seen)
+        if self._inputs is None:
+            reads = {} if self.body is None else {
+                node.tensor: None for node in topo_order([self.body]) if isinstance(node, Load)}
+            object.__setattr__(self, "_inputs", tuple(reads))
+        return list(self._inputs)
 
     def __getitem__(self, indices) -> Load:
         if not isinstance(indices, tuple):

@@ -61,8 +61,11 @@ def rebuild(e: Expr, kids) -> Expr:
     return _REBUILD[type(e)](e, tuple(kids))
 
 
-def topo_order(roots) -> list:
-    """All nodes reachable from ``roots``, each once, children before parents."""
+def topo_order(roots, kids=None) -> list:
+    """All nodes reachable from ``roots`` through ``kids`` (default: the
+    sub-expressions), each once, children before parents.  Iterative, so deep
+    programs do not hit Python's recursion limit."""
+    kids = children if kids is None else kids
     out, seen = [], set()
     stack = [(r, False) for r in reversed(list(roots))]
     while stack:
@@ -74,7 +77,7 @@ def topo_order(roots) -> list:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        for c in reversed(children(node)):
+        for c in reversed(tuple(kids(node))):
             if id(c) not in seen:
                 stack.append((c, False))
     return out
