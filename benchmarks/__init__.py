@@ -1,0 +1,4 @@
+"""te-autodiff benchmark suite: ten forward + backward kernels against numpy, JAX and PyTorch.
+
+Run it with ``python -m benchmarks``; see ``benchmarks/README.md``.
+"""

@@ -1,0 +1,454 @@
+"""The ten benchmark kernels, each defined once as data.
+
+Every kernel computes a scalar loss and its gradients with respect to the
+inputs named in ``wrt``.  A kernel with an output tensor (``head=True``) uses
+``loss = Σ(output · H)`` for a fixed random ``H``, so its gradients are the
+vector-Jacobian product with head ``H``; the others (softmax cross-entropy,
+the f64 seed program, the MLP step) define the scalar loss directly.
+
+One :class:`Kernel` holds, for one program:
+
+- ``names``/``shapes``: the arrays it takes, in call order: the
+  differentiated inputs (``wrt``) first, then the constants (``H``, labels);
+- ``make(rng)``: float64 (or integer) data; the runner casts float arrays to
+  the kernel's dtype and the reference sees exactly those values in float64;
+- ``numpy(*arrays) -> (loss, [grads])`` (plus the output for ``head=True``):
+  forward and hand-written backward with numpy ops.  Run on float64 arrays it is the *reference*; run on the
+  kernel's dtype it is the "numpy" peer;
+- ``te(te, P) -> Tensor``: the te-autodiff program (``P`` maps names to
+  placeholders); it returns the output tensor (``head=True``) or the
+  ``(1,)``-shaped loss tensor.  The runner differentiates it with
+  ``te.gradient(out, wrt, head=H)`` (or ``head=None`` for a loss);
+- ``jax(m)``/``torch(m)``: factories returning ``loss(*arrays)`` written with
+  the framework's ops (``m`` holds ``np``: ``jax.numpy``/``torch``, ``nn``:
+  ``jax.nn``/``torch.nn.functional``, ``lax``: ``jax.lax``);
+- ``flops`` (forward + backward GEMM flops, multiply-add = 2) or ``bytes``
+  (the least memory traffic a loss + gradients pass needs); ``limit`` says
+  which machine limit the kernel is compared with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Kernel:
+    id: int
+    key: str
+    title: str
+    shapes: dict
+    wrt: tuple
+    make: Callable
+    numpy: Callable
+    te: Callable
+    jax: Callable
+    torch: Callable
+    dtype: str = "float32"
+    head: bool = True              # loss = Σ(output · H) with H the last float input
+    flops: float = 0.0             # GEMM flops of forward + backward
+    bytes: float = 0.0             # minimal bytes moved by loss + gradients
+    limit: str = ""                # "sgemm", "dgemm", "bandwidth" or "" (none)
+    int_inputs: tuple = field(default=())
+
+    @property
+    def names(self) -> tuple:
+        return tuple(self.shapes)
+
+    def arrays(self, rng) -> list:
+        """The kernel's inputs in call order: floats in ``dtype``, integers as int32."""
+        data = self.make(rng)
+        out = []
+        for name in self.names:
+            a = np.asarray(data[name])
+            assert a.shape == tuple(self.shapes[name]), (name, a.shape)
+            out.append(a.astype(np.int32) if name in self.int_inputs else a.astype(self.dtype))
+        return out
+
+    def reference(self, arrays) -> tuple:
+        """float64 ``(loss, grads, loss_scale)`` from the hand-written numpy code on float64 copies.
+
+        ``loss_scale`` is what the loss error is measured against: ``|loss|``,
+        or for ``loss = Σ(out·H)`` the 2-norm of the terms ``out·H`` when that
+        is larger (the terms cancel; a float32 sum is judged by their size)."""
+        res = self.numpy(*[a if a.dtype.kind in "iu" else a.astype(np.float64) for a in arrays])
+        loss, grads = res[0], res[1]
+        scale = abs(float(loss))
+        if self.head:
+            H = arrays[self.names.index("H")].astype(np.float64)
+            scale = max(scale, float(np.sqrt(np.sum((res[2] * H) ** 2))))
+        return loss, grads, scale
+
+
+def _normal(rng, shape, scale=1.0):
+    return rng.standard_normal(shape) * scale
+
+
+# ---------------------------------------------------------------- 1. matmul 256³
+
+
+def _matmul_np(A, B, H):
+    C = A @ B
+    return np.vdot(C, H), [H @ B.T, A.T @ H], C
+
+
+def _matmul_te(te, P):
+    A, B = P["A"], P["B"]
+    n, m = A.shape
+    k = te.reduce_axis(m, "k")
+    return te.compute((n, B.shape[1]), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+
+
+N1 = 256
+MATMUL = Kernel(
+    1, "matmul", "matmul 256³", dict(A=(N1, N1), B=(N1, N1), H=(N1, N1)), ("A", "B"),
+    make=lambda r: dict(A=_normal(r, (N1, N1)), B=_normal(r, (N1, N1)), H=_normal(r, (N1, N1))),
+    numpy=_matmul_np, te=_matmul_te,
+    jax=lambda m: lambda A, B, H: m.np.sum((A @ B) * H),
+    torch=lambda m: lambda A, B, H: ((A @ B) * H).sum(),
+    flops=3 * 2 * N1 ** 3, limit="sgemm")
+
+
+# ---------------------------------------------------------------- 2. dense + bias + relu
+
+
+def _dense_np(X, W, b, H):
+    Z = X @ W.T + b
+    Y = np.maximum(Z, 0)
+    G = H * (Z > 0)
+    return np.vdot(Y, H), [G @ W, G.T @ X, G.sum(0)], Y
+
+
+def _dense_te(te, P):
+    X, W, b = P["X"], P["W"], P["b"]
+    (n, d), m = X.shape, W.shape[0]
+    k = te.reduce_axis(d, "k")
+    return te.compute((n, m), lambda i, j: te.maximum(te.sum(X[i, k] * W[j, k], axis=k) + b[j], 0.0), name="Y")
+
+
+DN, DI, DO = 64, 512, 256
+DENSE = Kernel(
+    2, "dense", "dense+bias+relu 64×512→256", dict(X=(DN, DI), W=(DO, DI), b=(DO,), H=(DN, DO)), ("X", "W", "b"),
+    make=lambda r: dict(X=_normal(r, (DN, DI)), W=_normal(r, (DO, DI), DI ** -0.5), b=_normal(r, DO, 0.1),
+                        H=_normal(r, (DN, DO))),
+    numpy=_dense_np, te=_dense_te,
+    jax=lambda m: lambda X, W, b, H: m.np.sum(m.nn.relu(X @ W.T + b) * H),
+    torch=lambda m: lambda X, W, b, H: (m.nn.relu(m.nn.linear(X, W, b)) * H).sum(),
+    flops=3 * 2 * DN * DI * DO, limit="sgemm")
+
+
+# ---------------------------------------------------------------- 3. conv2d NCHW, pad 1
+
+
+CN, CC, CH, CF, CK = 8, 32, 28, 32, 3
+
+
+def _im2col(xp, K, OH, OW):
+    """(C·K·K, N·OH·OW) columns of the padded input ``xp``."""
+    N, C = xp.shape[:2]
+    cols = np.empty((C, K, K, N, OH, OW), xp.dtype)
+    for kh in range(K):
+        for kw in range(K):
+            cols[:, kh, kw] = xp[:, :, kh:kh + OH, kw:kw + OW].transpose(1, 0, 2, 3)
+    return cols.reshape(C * K * K, N * OH * OW)
+
+
+def _conv_np(X, Wt, H):
+    N, C, Hh, Ww = X.shape
+    F, _, K, _ = Wt.shape
+    OH, OW = H.shape[2:]
+    xp = np.pad(X, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    cols = _im2col(xp, K, OH, OW)
+    W2 = Wt.reshape(F, C * K * K)
+    out = (W2 @ cols).reshape(F, N, OH, OW)
+    Hf = np.ascontiguousarray(H.transpose(1, 0, 2, 3)).reshape(F, N * OH * OW)
+    loss = np.vdot(out, Hf.reshape(F, N, OH, OW))
+    dW = (Hf @ cols.T).reshape(Wt.shape)
+    dcols = (W2.T @ Hf).reshape(C, K, K, N, OH, OW)
+    dxp = np.zeros((C, N) + xp.shape[2:], X.dtype)
+    for kh in range(K):
+        for kw in range(K):
+            dxp[:, :, kh:kh + OH, kw:kw + OW] += dcols[:, kh, kw]
+    return loss, [dxp[:, :, 1:1 + Hh, 1:1 + Ww].transpose(1, 0, 2, 3), dW], out.transpose(1, 0, 2, 3)
+
+
+def _conv_te(te, P):
+    X, Wt = P["X"], P["Wt"]
+    N, C, H, W = X.shape
+    F, _, K, _ = Wt.shape
+    pad = 1
+    Xp = te.compute((N, C, H + 2 * pad, W + 2 * pad),
+                    lambda n, c, h, w: te.if_then_else(te.all(h >= pad, h < H + pad, w >= pad, w < W + pad),
+                                                       X[n, c, h - pad, w - pad], 0.0), name="Xp")
+    c, kh, kw = te.reduce_axis(C, "c"), te.reduce_axis(K, "kh"), te.reduce_axis(K, "kw")
+    return te.compute((N, F, H, W), lambda n, f, y, x: te.sum(Xp[n, c, y + kh, x + kw] * Wt[f, c, kh, kw],
+                                                              axis=[c, kh, kw]), name="conv")
+
+
+def _conv_jax(m):
+    def loss(X, Wt, H):
+        y = m.lax.conv_general_dilated(X, Wt, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return m.np.sum(y * H)
+    return loss
+
+
+CONV = Kernel(
+    3, "conv2d", "conv2d 8×32×28×28 ∗ 32×32×3×3, pad 1",
+    dict(X=(CN, CC, CH, CH), Wt=(CF, CC, CK, CK), H=(CN, CF, CH, CH)), ("X", "Wt"),
+    make=lambda r: dict(X=_normal(r, (CN, CC, CH, CH)), Wt=_normal(r, (CF, CC, CK, CK), (CC * CK * CK) ** -0.5),
+                        H=_normal(r, (CN, CF, CH, CH))),
+    numpy=_conv_np, te=_conv_te, jax=_conv_jax,
+    torch=lambda m: lambda X, Wt, H: (m.nn.conv2d(X, Wt, padding=1) * H).sum(),
+    flops=3 * 2 * CN * CF * CH * CH * CC * CK * CK, limit="sgemm")
+
+
+# ---------------------------------------------------------------- 4. maxpool 2×2 / 2
+
+
+PN, PC, PH = 8, 32, 28
+PO = PH // 2
+
+
+def _maxpool_np(X, H):
+    N, C, Hh, Ww = X.shape
+    OH, OW = Hh // 2, Ww // 2
+    win = X.reshape(N, C, OH, 2, OW, 2).transpose(0, 1, 2, 4, 3, 5).reshape(N, C, OH, OW, 4)
+    first = win.argmax(-1)[..., None]                    # the first maximum in window order gets the head
+    out = np.take_along_axis(win, first, -1)[..., 0]
+    dwin = np.zeros_like(win)
+    np.put_along_axis(dwin, first, H[..., None], -1)
+    dX = dwin.reshape(N, C, OH, OW, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(X.shape)
+    return np.vdot(out, H), [dX], out
+
+
+def _maxpool_te(te, P):
+    X = P["X"]
+    N, C, Hh, W = X.shape
+    kh, kw = te.reduce_axis(2, "kh"), te.reduce_axis(2, "kw")
+    return te.compute((N, C, Hh // 2, W // 2),
+                      lambda n, c, y, x: te.max(X[n, c, y * 2 + kh, x * 2 + kw], axis=[kh, kw]), name="pool")
+
+
+def _maxpool_jax(m):
+    def loss(X, H):
+        y = m.lax.reduce_window(X, -m.np.inf, m.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        return m.np.sum(y * H)
+    return loss
+
+
+MAXPOOL = Kernel(
+    4, "maxpool", "maxpool 2×2/2 on 8×32×28×28", dict(X=(PN, PC, PH, PH), H=(PN, PC, PO, PO)), ("X",),
+    make=lambda r: dict(X=_normal(r, (PN, PC, PH, PH)), H=_normal(r, (PN, PC, PO, PO))),
+    numpy=_maxpool_np, te=_maxpool_te, jax=_maxpool_jax,
+    torch=lambda m: lambda X, H: (m.nn.max_pool2d(X, 2, 2) * H).sum(),
+    bytes=4 * (2 * PN * PC * PH * PH + PN * PC * PO * PO), limit="bandwidth")
+
+
+# ---------------------------------------------------------------- 5. softmax cross-entropy
+
+
+SN, SC = 256, 1000
+
+
+def _softmax_ce_np(Z, L):
+    N = Z.shape[0]
+    rows = np.arange(N)
+    m = Z.max(1, keepdims=True)
+    e = np.exp(Z - m)
+    s = e.sum(1, keepdims=True)
+    loss = np.mean(m[:, 0] + np.log(s[:, 0]) - Z[rows, L])
+    g = e / s
+    g[rows, L] -= 1
+    g /= N
+    return loss, [g]
+
+
+def _lse_minus_picked_te(te, z, L, name):
+    """Mean over rows of logsumexp(z[i, :]) - z[i, L[i]] (max-shifted), as a (1,) tensor."""
+    N, C = z.shape
+    c1, c2 = te.reduce_axis(C, "c"), te.reduce_axis(C, "c")
+    m = te.compute((N,), lambda i: te.max(z[i, c1], axis=c1), name=name + "_max")
+    lse = te.compute((N,), lambda i: m[i] + te.log(te.sum(te.exp(z[i, c2] - m[i]), axis=c2)), name=name + "_lse")
+    picked = te.compute((N,), lambda i: z[i, L[i]], name=name + "_picked")
+    r = te.reduce_axis(N, "r")
+    return te.compute((1,), lambda _: te.sum(lse[r] - picked[r], axis=r) / float(N), name=name)
+
+
+def _softmax_ce_jax(m):
+    def loss(Z, L):
+        picked = m.np.take_along_axis(Z, L[:, None], axis=1)[:, 0]
+        return m.np.mean(m.nn.logsumexp(Z, axis=1) - picked)
+    return loss
+
+
+SOFTMAX_CE = Kernel(
+    5, "softmax_ce", "softmax cross-entropy 256×1000, int labels, mean", dict(Z=(SN, SC), L=(SN,)), ("Z",),
+    make=lambda r: dict(Z=_normal(r, (SN, SC), 2.0), L=r.integers(0, SC, SN)),
+    numpy=_softmax_ce_np, te=lambda te, P: _lse_minus_picked_te(te, P["Z"], P["L"], "loss"),
+    jax=_softmax_ce_jax,
+    torch=lambda m: lambda Z, L: m.nn.cross_entropy(Z, L),
+    head=False, bytes=4 * 2 * SN * SC + 4 * SN, limit="bandwidth", int_inputs=("L",))
+
+
+# ---------------------------------------------------------------- 6. elementwise
+
+
+EN = 1 << 20
+
+
+def _elementwise_np(x, H):
+    s = 1 / (1 + np.exp(-x))
+    u = s * np.exp(-x * x)
+    y = np.tanh(u)
+    return np.vdot(y, H), [H * (1 - y * y) * u * ((1 - s) - 2 * x)], y
+
+
+ELEMENTWISE = Kernel(
+    6, "elementwise", "tanh(sigmoid(x)·exp(-x²)) on 2²⁰", dict(x=(EN,), H=(EN,)), ("x",),
+    make=lambda r: dict(x=_normal(r, EN), H=_normal(r, EN)),
+    numpy=_elementwise_np,
+    te=lambda te, P: te.compute((EN,), lambda i: te.tanh(te.sigmoid(P["x"][i]) * te.exp(-P["x"][i] * P["x"][i])),
+                                name="y"),
+    jax=lambda m: lambda x, H: m.np.sum(m.np.tanh(m.nn.sigmoid(x) * m.np.exp(-x * x)) * H),
+    torch=lambda m: lambda x, H: (m.np.tanh(m.np.sigmoid(x) * m.np.exp(-x * x)) * H).sum(),
+    bytes=4 * 3 * EN, limit="bandwidth")
+
+
+# ---------------------------------------------------------------- 7. the f64 seed program
+
+
+SD = 72            # uniform [0, 1) entries: (A·B)[i, j] ≈ 72 / 4 = 18
+
+
+def _seed_np(A, B):
+    D = A @ B - 18
+    loss = -2.5 * np.sum(np.log1p(0.25 * D * D))
+    G = -1.25 * D / (1 + 0.25 * D * D)
+    return loss, [G @ B.T, A.T @ G]
+
+
+def _seed_te(te, P):
+    A, B = P["A"], P["B"]
+    n = A.shape[0]
+    k = te.reduce_axis(n, "k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    i, j = te.reduce_axis(n, "i"), te.reduce_axis(n, "j")
+    return te.compute((1,), lambda _: -2.5 * te.sum(te.log1p(0.25 * (C[i, j] - 18.0) * (C[i, j] - 18.0)),
+                                                    axis=[i, j]), name="loss")
+
+
+SEED = Kernel(
+    7, "seed_f64", "-2.5·Σ log1p(0.25(A·B-18)²), 72×72 f64", dict(A=(SD, SD), B=(SD, SD)), ("A", "B"),
+    make=lambda r: dict(A=r.random((SD, SD)), B=r.random((SD, SD))),
+    numpy=_seed_np, te=_seed_te,
+    jax=lambda m: lambda A, B: -2.5 * m.np.sum(m.np.log1p(0.25 * (A @ B - 18) ** 2)),
+    torch=lambda m: lambda A, B: -2.5 * m.np.log1p(0.25 * (A @ B - 18) ** 2).sum(),
+    dtype="float64", head=False, flops=3 * 2 * SD ** 3, limit="dgemm")
+
+
+# ---------------------------------------------------------------- 8. 3-point stencil
+
+
+def _stencil_np(x, H):
+    y = 0.25 * x[:-2] + 0.5 * x[1:-1] + 0.25 * x[2:]
+    dx = np.zeros_like(x)
+    dx[:-2] = 0.25 * H
+    dx[1:-1] += 0.5 * H
+    dx[2:] += 0.25 * H
+    return np.vdot(y, H), [dx], y
+
+
+def _stencil_te(te, P):
+    x = P["x"]
+    return te.compute((EN - 2,), lambda i: 0.25 * x[i] + 0.5 * x[i + 1] + 0.25 * x[i + 2], name="y")
+
+
+STENCIL = Kernel(
+    8, "stencil", "3-point 1-D stencil on 2²⁰", dict(x=(EN,), H=(EN - 2,)), ("x",),
+    make=lambda r: dict(x=_normal(r, EN), H=_normal(r, EN - 2)),
+    numpy=_stencil_np, te=_stencil_te,
+    jax=lambda m: lambda x, H: m.np.sum((0.25 * x[:-2] + 0.5 * x[1:-1] + 0.25 * x[2:]) * H),
+    torch=lambda m: lambda x, H: ((0.25 * x[:-2] + 0.5 * x[1:-1] + 0.25 * x[2:]) * H).sum(),
+    bytes=4 * (3 * EN - 2), limit="bandwidth")
+
+
+# ---------------------------------------------------------------- 9. strided transpose
+
+
+TN = 1024
+
+
+def _strided_np(A, H):
+    dA = np.zeros_like(A)
+    dA[1::2] = H.T
+    return np.sum(A[1::2] * H.T), [dA], A[1::2].T
+
+
+STRIDED = Kernel(
+    9, "strided", "B[i,j] = A[2j+1, i], B 1024×1024", dict(A=(2 * TN, TN), H=(TN, TN)), ("A",),
+    make=lambda r: dict(A=_normal(r, (2 * TN, TN)), H=_normal(r, (TN, TN))),
+    numpy=_strided_np,
+    te=lambda te, P: te.compute((TN, TN), lambda i, j: P["A"][2 * j + 1, i], name="B"),
+    jax=lambda m: lambda A, H: m.np.sum(A[1::2].T * H),
+    torch=lambda m: lambda A, H: (A[1::2].T * H).sum(),
+    bytes=4 * (TN * TN + TN * TN + 2 * TN * TN), limit="bandwidth")
+
+
+# ---------------------------------------------------------------- 10. MLP step
+
+
+MB, MI, MH, MO = 128, 784, 512, 10
+
+
+def _mlp_np(W1, b1, W2, b2, X, L):
+    N = X.shape[0]
+    rows = np.arange(N)
+    h = np.tanh(X @ W1.T + b1)
+    z = h @ W2.T + b2
+    m = z.max(1, keepdims=True)
+    e = np.exp(z - m)
+    s = e.sum(1, keepdims=True)
+    loss = np.mean(m[:, 0] + np.log(s[:, 0]) - z[rows, L])
+    gz = e / s
+    gz[rows, L] -= 1
+    gz /= N
+    gh = (gz @ W2) * (1 - h * h)
+    return loss, [gh.T @ X, gh.sum(0), gz.T @ h, gz.sum(0)]
+
+
+def _mlp_te(te, P):
+    W1, b1, W2, b2, X, L = (P[n] for n in ("W1", "b1", "W2", "b2", "X", "L"))
+    N, D = X.shape
+    Hd, C = W1.shape[0], W2.shape[0]
+    k1, k2 = te.reduce_axis(D, "k"), te.reduce_axis(Hd, "k")
+    h = te.compute((N, Hd), lambda i, j: te.tanh(te.sum(X[i, k1] * W1[j, k1], axis=k1) + b1[j]), name="h")
+    z = te.compute((N, C), lambda i, j: te.sum(h[i, k2] * W2[j, k2], axis=k2) + b2[j], name="logits")
+    return _lse_minus_picked_te(te, z, L, "loss")
+
+
+def _mlp_jax(m):
+    def loss(W1, b1, W2, b2, X, L):
+        z = m.np.tanh(X @ W1.T + b1) @ W2.T + b2
+        picked = m.np.take_along_axis(z, L[:, None], axis=1)[:, 0]
+        return m.np.mean(m.nn.logsumexp(z, axis=1) - picked)
+    return loss
+
+
+def _mlp_torch(m):
+    def loss(W1, b1, W2, b2, X, L):
+        return m.nn.cross_entropy(m.nn.linear(m.np.tanh(m.nn.linear(X, W1, b1)), W2, b2), L)
+    return loss
+
+
+MLP = Kernel(
+    10, "mlp", "MLP 784→512→10 tanh + softmax-CE, batch 128",
+    dict(W1=(MH, MI), b1=(MH,), W2=(MO, MH), b2=(MO,), X=(MB, MI), L=(MB,)), ("W1", "b1", "W2", "b2"),
+    make=lambda r: dict(W1=_normal(r, (MH, MI), MI ** -0.5), b1=_normal(r, MH, 0.1), W2=_normal(r, (MO, MH), MH ** -0.5),
+                        b2=_normal(r, MO, 0.1), X=_normal(r, (MB, MI)), L=r.integers(0, MO, MB)),
+    numpy=_mlp_np, te=_mlp_te, jax=_mlp_jax, torch=_mlp_torch,
+    head=False, flops=2 * 2 * MB * MI * MH + 3 * 2 * MB * MH * MO, limit="sgemm", int_inputs=("L",))
+
+
+KERNELS = {k.id: k for k in (MATMUL, DENSE, CONV, MAXPOOL, SOFTMAX_CE, ELEMENTWISE, SEED, STENCIL, STRIDED, MLP)}

@@ -1,0 +1,178 @@
+"""Run the suite: machine limits, then every (kernel, peer) in its own subprocess.
+
+``python -m benchmarks [--kernels 1,3] [--peers te,numpy] [--quick] [--threads N] [--out DIR]``
+
+A full run (all kernels, all peers, not ``--quick``) writes
+``benchmarks/RESULTS.md``, ``benchmarks/results.png`` and
+``benchmarks/results.json``; a partial or quick run writes them to a
+temporary directory (printed) unless ``--out`` says where, so a smoke test
+never overwrites the committed report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .kernels import KERNELS
+from .peers import PEERS, installed
+from .report import write_outputs
+from .worker import MARK
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kernels", default="", help="comma-separated kernel numbers or names (default: all ten)")
+    p.add_argument("--peers", default="", help=f"comma-separated peers out of {','.join(PEERS)} (default: all)")
+    p.add_argument("--quick", action="store_true", help="few repetitions (smoke test); figures are rough")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="threads for every peer (default: all logical cores, %(default)s)")
+    p.add_argument("--out", default=None, help="directory for RESULTS.md, results.png, results.json")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per (kernel, peer) process (default 600, quick 120)")
+    p.add_argument("--render", metavar="JSON", default=None,
+                   help="only rewrite RESULTS.md and the chart from a results.json of an earlier run")
+    args = p.parse_args(argv)
+    by_name = {k.key: k.id for k in KERNELS.values()}
+    if args.kernels:
+        ids = []
+        for tok in args.kernels.split(","):
+            tok = tok.strip()
+            kid = int(tok) if tok.isdigit() else by_name.get(tok)
+            if kid not in KERNELS:
+                p.error(f"unknown kernel {tok!r}; known: {', '.join(f'{k.id}={k.key}' for k in KERNELS.values())}")
+            ids.append(kid)
+        args.kernel_ids = ids
+    else:
+        args.kernel_ids = list(KERNELS)
+    if args.peers:
+        peers = [s.strip() for s in args.peers.split(",") if s.strip()]
+        for s in peers:
+            if s not in PEERS:
+                p.error(f"unknown peer {s!r}; known: {', '.join(PEERS)}")
+        args.peer_list = [s for s in PEERS if s in peers]
+    else:
+        args.peer_list = list(PEERS)
+    if args.timeout is None:
+        args.timeout = 120.0 if args.quick else 600.0
+    args.threads = max(1, args.threads)
+    return args
+
+
+def child_env(threads: int, tmp: str) -> dict:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS", "TE_NUM_THREADS"):
+        env[var] = str(threads)
+    if threads == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                            " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")     # cold torch.compile every time
+    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def run_child(job: dict, threads: int, timeout: float) -> dict:
+    """Run one worker job in a fresh process (its own session, killed whole on timeout)."""
+    tmp = tempfile.mkdtemp(prefix="te-bench-")
+    cmd = [sys.executable, "-m", "benchmarks.worker", json.dumps(job)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=child_env(threads, tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return dict(job, status="timeout", error=f"no result within {timeout:.0f} s", wall_s=timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = time.perf_counter() - t0
+    for line in reversed(out.splitlines()):
+        if line.startswith(MARK):
+            res = json.loads(line[len(MARK):])
+            res["wall_s"] = wall
+            return res
+    tail = (err or out or "").strip().splitlines()[-12:]
+    return dict(job, status="error", error=f"worker exited with code {proc.returncode} without a result",
+                traceback="\n".join(tail), wall_s=wall)
+
+
+def _progress(res: dict) -> str:
+    if res.get("status") != "ok":
+        return f"{res.get('status')}: {res.get('error', '')}"[:160]
+    mark = "ok" if res["correct"] else f"WRONG (rel err {res['max_rel_err']:.2e})"
+    return f"{res['median_ms']:9.3f} ms  compile {res['compile_s']:6.2f} s  {res['reps']:5d} reps  {mark}"
+
+
+def measure_limits(args) -> dict:
+    """numpy's limits at 1 thread and at ``--threads``; each figure is the better of the two."""
+    runs = {t: run_child(dict(limits=True, quick=args.quick, threads=t), t, args.timeout)
+            for t in sorted({1, args.threads})}
+    good = {t: r for t, r in runs.items() if r.get("status") == "ok"}
+    if not good:
+        return next(iter(runs.values()))
+    keys = [k for k, v in next(iter(good.values())).items() if isinstance(v, float)]
+    limits = {k: max(r[k] for r in good.values()) for k in keys}
+    limits.update(status="ok", by_threads={str(t): r for t, r in good.items()})
+    return limits
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        out_dir = Path(args.out) if args.out else Path(args.render).resolve().parent
+        md, paths = write_outputs(out_dir, data["run"], data["limits"], data["results"], data.get("machine"))
+        print(md)
+        print("wrote " + ", ".join(str(p) for p in paths))
+        return 0
+    full = (not args.quick and args.kernel_ids == list(KERNELS) and args.peer_list == list(PEERS))
+    out_dir = Path(args.out) if args.out else (HERE if full else Path(tempfile.gettempdir()) / "te-autodiff-bench")
+    given = list(argv) if argv is not None else sys.argv[1:]
+    command = " ".join(["python -m benchmarks"] + [shlex.quote(a) for a in given])
+    t_start = time.perf_counter()
+    print(f"te-autodiff benchmarks: kernels {args.kernel_ids}, peers {args.peer_list}, threads {args.threads}"
+          f"{', quick' if args.quick else ''}", flush=True)
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    limits = measure_limits(args)
+    if limits.get("status") == "ok":
+        print(f"machine limits: sgemm {limits['sgemm_gflops']:.0f} GFLOP/s, dgemm {limits['dgemm_gflops']:.0f} "
+              f"GFLOP/s, copy {limits['copy_gbs']:.1f} GB/s, triad {limits['triad_gbs']:.1f} GB/s", flush=True)
+    else:
+        print(f"machine limits: {limits.get('status')}: {limits.get('error')}", flush=True)
+    results = []
+    for kid in args.kernel_ids:
+        k = KERNELS[kid]
+        print(f"[{kid}] {k.title} ({k.dtype})", flush=True)
+        for peer in args.peer_list:
+            if not installed(peer):
+                res = dict(peer=peer, kernel=kid, status="not installed")
+            else:
+                res = run_child(dict(peer=peer, kernel=kid, quick=args.quick, threads=args.threads),
+                                args.threads, args.timeout)
+            results.append(res)
+            print(f"    {peer:14s} {_progress(res)}", flush=True)
+    total = time.perf_counter() - t_start
+    run = dict(command=command, quick=args.quick, threads=args.threads, kernels=args.kernel_ids,
+               peers=args.peer_list, total_s=total, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+               load_start=load_start, load_end=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    md, paths = write_outputs(out_dir, run, limits, results)
+    print()
+    print(md)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

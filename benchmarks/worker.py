@@ -1,0 +1,183 @@
+"""One measurement in its own process: ``python -m benchmarks.worker JSON``.
+
+The JSON argument is ``{"peer": ..., "kernel": id, "quick": bool, "threads": n}``
+for a kernel, or ``{"limits": true, "quick": bool, "threads": n}`` for the
+machine limits.  The result is printed as one JSON line prefixed with
+``RESULT `` (anything else on stdout/stderr is the libraries' chatter).
+Thread counts are set by the parent through the environment, before any
+library is imported.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+MARK = "RESULT "
+TOL = {"float32": 1e-4, "float64": 1e-9}
+SEED = 20240521
+
+
+def measure(step, budget: float, quick: bool) -> dict:
+    """Median wall time of ``step()`` in ms: warm up for ~20% of ``budget``
+    seconds (at least one call), then as many timed calls as fit in
+    ``budget`` (clamped to [min, max] repetitions)."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        n = 0
+        while True:
+            step()
+            n += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= 0.2 * budget or n >= (3 if quick else 50):
+                break
+        est = elapsed / n
+        lo = (2 if quick else 5) if est < 1.0 else (1 if quick else 3)
+        reps = int(min(max(budget / max(est, 1e-7), lo), 50 if quick else 2000))
+        times = np.empty(reps)
+        for r in range(reps):
+            t = time.perf_counter()
+            step()
+            times[r] = time.perf_counter() - t
+    finally:
+        if enabled:
+            gc.enable()
+    ms = times * 1e3
+    return dict(median_ms=float(np.median(ms)), min_ms=float(ms.min()), p25_ms=float(np.percentile(ms, 25)),
+                p75_ms=float(np.percentile(ms, 75)), reps=reps, warmup=n)
+
+
+def rel_err(a, b) -> float:
+    """max|a - b| / max|b| (norm-based relative error; b is the float64 reference)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    diff = float(np.max(np.abs(a - b))) if b.size else 0.0
+    if not np.isfinite(diff):
+        return float("inf")
+    return diff / scale if scale > 0 else diff
+
+
+def identical(x, y) -> bool:
+    """Bit-identical results of two calls (loss and gradients)."""
+    (l1, g1), (l2, g2) = x, y
+    return bool(np.array_equal(l1, l2) and all(np.array_equal(a, b) for a, b in zip(g1, g2)))
+
+
+def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int) -> dict:
+    from .kernels import KERNELS
+    from .peers import PREPARE
+
+    kernel = KERNELS[kernel_id]
+    arrays = kernel.arrays(np.random.default_rng(SEED + kernel_id))
+    ref_loss, ref_grads, loss_scale = kernel.reference(arrays)
+    res = dict(peer=peer, kernel=kernel_id, dtype=kernel.dtype)
+    prep = PREPARE[peer](kernel, arrays, threads)
+    res.update(compile_s=prep.compile_s, details=prep.details)
+    first = prep.result(prep.first)
+    res.update(measure(prep.step, 0.15 if quick else 0.5, quick))
+    last = prep.result(prep.step())
+    loss, grads = last
+    errs = {}
+    for name, g, r in zip(kernel.wrt, grads, ref_grads):
+        errs["d" + name] = rel_err(g, r)
+    if len(grads) != len(ref_grads):
+        errs["count"] = float("inf")
+    grad_err = max(errs.values())
+    loss_err = abs(float(loss) - float(ref_loss)) / loss_scale if loss_scale > 0 else abs(float(loss))
+    if not np.isfinite(loss_err):
+        loss_err = float("inf")
+    errs["loss"] = loss_err
+    worst = max(grad_err, loss_err)
+    res.update(errors=errs, grad_rel_err=grad_err, loss_rel_err=loss_err, max_rel_err=worst,
+               correct=bool(worst <= TOL[kernel.dtype]),
+               deterministic=identical(first, last), status="ok")
+    return res
+
+
+# ------------------------------------------------------------------ machine limits
+
+
+def _best(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _threaded(fn_chunk, chunks: int):
+    def run():
+        ts = [threading.Thread(target=fn_chunk, args=(c,)) for c in range(1, chunks)]
+        for t in ts:
+            t.start()
+        fn_chunk(0)
+        for t in ts:
+            t.join()
+    return run
+
+
+def run_limits(quick: bool, threads: int) -> dict:
+    """Best-of-N numpy sgemm / dgemm 1024³ GFLOP/s and copy / triad GB/s (large arrays)."""
+    rng = np.random.default_rng(0)
+    reps = 3 if quick else 20
+    out = {}
+    for name, dt in (("sgemm", np.float32), ("dgemm", np.float64)):
+        a, b = rng.random((1024, 1024)).astype(dt), rng.random((1024, 1024)).astype(dt)
+        c = np.empty((1024, 1024), dt)
+        out[name + "_gflops"] = 2 * 1024 ** 3 / _best(lambda: np.matmul(a, b, out=c), reps) / 1e9
+    n = 1 << (24 if quick else 25)                      # float32: 64 MB (quick) or 128 MB per array
+    src, dst = rng.random(n, np.float32), np.empty(n, np.float32)
+    b, c = rng.random(n, np.float32), rng.random(n, np.float32)
+    copy1 = 2 * 4 * n / _best(lambda: np.copyto(dst, src), reps) / 1e9
+    parts = max(1, threads)
+    edges = np.linspace(0, n, parts + 1).astype(np.int64)
+    copy_t = 2 * 4 * n / _best(_threaded(lambda k: np.copyto(dst[edges[k]:edges[k + 1]], src[edges[k]:edges[k + 1]]),
+                                         parts), reps) / 1e9
+
+    def triad(k):                                       # a = b + 3 c, in two numpy passes over a chunk
+        s = slice(edges[k], edges[k + 1])
+        np.multiply(c[s], np.float32(3), out=dst[s])
+        np.add(dst[s], b[s], out=dst[s])
+    triad_t = 3 * 4 * n / _best(_threaded(triad, parts), reps) / 1e9
+    m = 1 << 20                                         # 4 MB arrays: the size of the kernels' vectors
+    src_s, dst_s = src[:m].copy(), dst[:m].copy()
+    es = np.linspace(0, m, parts + 1).astype(np.int64)
+    copy_small = max(2 * 4 * m / _best(lambda: np.copyto(dst_s, src_s), 5 * reps) / 1e9,
+                     2 * 4 * m / _best(_threaded(lambda k: np.copyto(dst_s[es[k]:es[k + 1]], src_s[es[k]:es[k + 1]]),
+                                                 parts), 5 * reps) / 1e9)
+    out.update(copy_4mb_gbs=copy_small, copy_1thread_gbs=copy1, copy_gbs=max(copy1, copy_t), copy_threads_gbs=copy_t, triad_gbs=triad_t,
+               bandwidth_gbs=max(copy1, copy_t), array_mb=4 * n / 2 ** 20, status="ok")
+    return out
+
+
+def main(argv=None) -> int:
+    args = json.loads((argv or sys.argv[1:])[0])
+    try:
+        if args.get("limits"):
+            res = run_limits(args.get("quick", False), args.get("threads", 1))
+        else:
+            res = run_kernel(args["peer"], args["kernel"], args.get("quick", False), args.get("threads"))
+    except Exception as exc:                            # reported, never raised: one failure must not stop the run
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        res = dict(peer=args.get("peer"), kernel=args.get("kernel"), status="error",
+                   error=f"{type(exc).__name__}: {exc}"[:2000], where=where, traceback=traceback.format_exc()[-4000:])
+    sys.stdout.flush()
+    print(MARK + json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
