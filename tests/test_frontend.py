@@ -27,7 +27,7 @@ def elem(dtype, shape=(4,), name=None):
 # ---------------------------------------------------------------- dtypes
 
 
-@pytest.mark.parametrize("a,b", itertools.product(ORDER, ORDER))
+@pytest.mark.parametrize("a,b", list(itertools.product(ORDER, ORDER)))
 def test_binary_promotion_table(a, b):
     _, x = elem(a)
     _, y = elem(b)
