@@ -103,11 +103,17 @@ class _Adjoints:
         wanted = set(inputs)
         # live: tensors of the lifted graph through which a wanted input reaches the output
         self.live = set()
-        for t in tensors_in_order([output], lambda t: lifted(t).inputs):
+        order = tensors_in_order([output], lambda t: lifted(t).inputs)
+        for t in order:
             for p in lifted(t).inputs:
                 self.users.setdefault(p, []).append(t)
             if t in wanted or (differentiable(t) and any(p in self.live for p in lifted(t).inputs)):
                 self.live.add(t)
+        # consumers before producers: each adjoint finds its consumers' ready,
+        # so a long pipeline needs no deep recursion
+        for t in reversed(order):
+            if t in self.live:
+                self.of(t)
 
     def of(self, x: Tensor) -> Tensor:
         """The adjoint tensor of ``x`` (zeros if the output does not depend on it)."""
