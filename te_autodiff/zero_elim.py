@@ -31,6 +31,7 @@ from arith import Var as ArithVar
 from . import dtype as dt
 from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, cast, compare, const,
                    floordiv, is_const, logic_not, maximum, minimum, mod, reduce, select, var)
+from .pretty import expr_str
 from .term import Term
 from .visit import children, free_vars, rebuild, substitute
 
@@ -186,6 +187,9 @@ class _Gather:
         for v, ix in zip(t.eq_vars, t.indices):
             ix_l = self.lin(ix)
             if ix_l is None:
+                # not affine (e.g. read from a tensor): kept as a condition, summed over in full
+                log.info("zero elimination cannot solve index %s (not affine); it stays the "
+                         "condition %s == %s", expr_str(ix), v.name, expr_str(ix))
                 residual.append(compare("eq", v, ix))
             else:
                 eqs.append(LinearExpr.var(v) - ix_l)
