@@ -23,6 +23,8 @@ run-time check.
 """
 from __future__ import annotations
 
+import functools
+
 from te_autodiff import dtype as dt
 from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, Select, Unary, Var,
                               add, binop, const, sub)
@@ -83,27 +85,37 @@ _LINEARIZE = {
 }
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def linearize(e) -> Linear:
-    """The linear form of an integer expression over its atoms."""
+    """The linear form of an integer expression over its atoms (memoised on the
+    node: an index DAG is not unfolded into a tree; forms are never mutated)."""
     rule = _LINEARIZE.get(type(e))
     return rule(e) if rule and dt.is_int(e.dtype) else Linear({e: 1})
 
 
 def _conditions(cond, truth: bool) -> list:
-    """Linear forms ``g`` with ``g >= 0`` implied by ``cond == truth``."""
-    if isinstance(cond, Logic):
-        if cond.op == "not":
-            return _conditions(cond.a, not truth)
-        if (cond.op == "and") == truth:
-            return _conditions(cond.a, truth) + _conditions(cond.b, truth)
-        return []
-    if not isinstance(cond, Cmp) or not dt.is_int(cond.a.dtype):
-        return []
-    op = cond.op if truth else NEGATED[cond.op]
-    d = linearize(cond.a) + linearize(cond.b).scale(-1)     # a - b
-    minus_one = Linear({}, -1)
-    return {"lt": [d.scale(-1) + minus_one], "le": [d.scale(-1)], "gt": [d + minus_one],
-            "ge": [d], "eq": [d, d.scale(-1)], "ne": []}[op]
+    """Linear forms ``g`` with ``g >= 0`` implied by ``cond == truth`` (each
+    sub-condition once, even when the condition is a DAG)."""
+    out, seen, stack = [], set(), [(cond, truth)]
+    while stack:
+        c, t = stack.pop()
+        if (c, t) in seen:
+            continue
+        seen.add((c, t))
+        if isinstance(c, Logic):
+            if c.op == "not":
+                stack.append((c.a, not t))
+            elif (c.op == "and") == t:
+                stack += [(c.b, t), (c.a, t)]
+            continue
+        if not isinstance(c, Cmp) or not dt.is_int(c.a.dtype):
+            continue
+        op = c.op if t else NEGATED[c.op]
+        d = linearize(c.a) + linearize(c.b).scale(-1)     # a - b
+        minus_one = Linear({}, -1)
+        out += {"lt": [d.scale(-1) + minus_one], "le": [d.scale(-1)], "gt": [d + minus_one],
+                "ge": [d], "eq": [d, d.scale(-1)], "ne": []}[op]
+    return out
 
 
 class Scope:

@@ -27,6 +27,7 @@ class _Encoding:
 
     def __init__(self):
         self.ranges, self.equalities, self.inequalities, self.memo = {}, [], [], {}
+        self.seen = set()           # (condition, truth) pairs already encoded
 
     def lin(self, e) -> LinearExpr:
         if e not in self.memo:
@@ -67,7 +68,11 @@ class _Encoding:
         raise _Unsupported(e)
 
     def condition(self, cond, truth: bool) -> None:
-        """Add the constraints implied by ``cond == truth`` (those it can encode)."""
+        """Add the constraints implied by ``cond == truth`` (those it can encode),
+        each sub-condition once."""
+        if (cond, truth) in self.seen:
+            return
+        self.seen.add((cond, truth))
         if isinstance(cond, Logic):
             if cond.op == "not":
                 self.condition(cond.a, not truth)

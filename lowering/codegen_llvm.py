@@ -9,10 +9,22 @@ Each stage becomes two functions:
 * ``stageN(i8** buffers, i64 lo, i64 hi, i64* err)``: the entry point the
   runtime calls, which picks the stage's buffers out of the program's table.
 
+and ``run_stages`` runs a range of stages in one call (see ``runtime.py``).
+
 A failed run-time check stores ``(code, index)`` into ``err`` and returns.
 Float arithmetic carries ``reassoc contract nsz arcp`` (never nnan/ninf:
 max reductions start from -inf); floor division and modulo on floats follow
-numpy's ``divmod`` exactly and carry no fast-math flags.
+numpy's ``divmod`` exactly and carry no fast-math flags.  exp, log, log1p
+and tanh are inline code (``fast_math.py``), not libm calls.
+
+Vector loops: inside a :class:`~lowering.loop_ir.Simd` loop every value is
+either the same in all lanes (kept scalar) or a ``<W x T>`` vector; a load
+or store whose index grows by one per lane is one vector access, any other
+a gather or scatter; locals declared inside are vectors.  A test or loop
+bound that differs between lanes runs under a lane mask (masked loads,
+stores and assignments; a branch no lane takes is skipped), so any element
+body can run in lanes.  Functions ask for 512-bit vectors (the host's
+``prefer-vector-width`` is 256).
 """
 from __future__ import annotations
 
@@ -21,33 +33,53 @@ from llvmlite import ir
 from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 
-from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, If, Local, Program, Stage, Store,
-                      children, stmt_exprs, walk)
+from .fast_math import FAST_MATH, FAST_MATH_F64
+from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
+                      Program, Simd, Stage, Store, children, free_leaves, simplify_index, stmt_exprs,
+                      stride, substitute, walk)
 
-I1, I8, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(64)
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 VALUE_TYPE = {"bool": I1, "int32": ir.IntType(32), "int64": I64,
               "float32": ir.FloatType(), "float64": ir.DoubleType()}
 MEMORY_TYPE = {**VALUE_TYPE, "bool": I8}
 FAST = ("reassoc", "contract", "nsz", "arcp")
 
-# Math functions by operation: (float32 symbol, float64 symbol).  llvm.* are
-# intrinsics; tanh and log1p are libm symbols resolved in-process.
-MATH_FUNCTIONS = {
-    "exp": ("llvm.exp.f32", "llvm.exp.f64"),
-    "log": ("llvm.log.f32", "llvm.log.f64"),
-    "sqrt": ("llvm.sqrt.f32", "llvm.sqrt.f64"),
-    "sin": ("llvm.sin.f32", "llvm.sin.f64"),
-    "cos": ("llvm.cos.f32", "llvm.cos.f64"),
-    "abs": ("llvm.fabs.f32", "llvm.fabs.f64"),
-    "pow": ("llvm.pow.f32", "llvm.pow.f64"),
-    "max": ("llvm.maximum.f32", "llvm.maximum.f64"),
-    "min": ("llvm.minimum.f32", "llvm.minimum.f64"),
-    "floor": ("llvm.floor.f32", "llvm.floor.f64"),
-    "copysign": ("llvm.copysign.f32", "llvm.copysign.f64"),
-    "tanh": ("tanhf", "tanh"),
-    "log1p": ("log1pf", "log1p"),
-}
+# Math functions by operation: an LLVM intrinsic (mangled by type: llvm.exp.f32,
+# llvm.exp.v16f32) or a libm symbol pair (float32, float64) resolved in-process.
+# float32 exp/log/log1p/tanh use the inline implementations of fast_math.py.
+INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
+              "cos": "llvm.cos", "abs": "llvm.fabs", "pow": "llvm.pow", "max": "llvm.maximum",
+              "min": "llvm.minimum", "floor": "llvm.floor", "copysign": "llvm.copysign"}
+LIBM = {"tanh": ("tanhf", "tanh"), "log1p": ("log1pf", "log1p")}
+VECTOR_ATTRIBUTES = ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"')
+
+
+def _mangle(t) -> str:
+    """The type suffix of an overloaded intrinsic: f32, i64, v16f32..."""
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_mangle(t.element)}"
+    if isinstance(t, ir.FloatType):
+        return "f32"
+    if isinstance(t, ir.DoubleType):
+        return "f64"
+    if isinstance(t, ir.PointerType):
+        return "p0"
+    return f"i{t.width}"
+
+
+def _element(t):
+    return t.element if isinstance(t, ir.VectorType) else t
+
+
+def _shaped(scalar, like):
+    """``scalar`` type, as a vector when ``like`` is a vector value."""
+    return ir.VectorType(scalar, like.type.count) if isinstance(like.type, ir.VectorType) else scalar
+
+
+def _c(t, value):
+    """A constant of type ``t`` (splatted when ``t`` is a vector type)."""
+    return ir.Constant(t, value)
 
 
 def _kind(dtype: str) -> str:
@@ -115,7 +147,7 @@ def _int_divmod(fe, a, b):
 
 def _int_minmax(name):
     def rule(fe, a, b):
-        return fe.b.call(fe.intrinsic(f"llvm.{name}.i{a.type.width}", a.type, [a.type, a.type]), [a, b])
+        return fe.call_intrinsic(f"llvm.{name}", [a, b])
     return rule
 
 
@@ -149,13 +181,16 @@ def _cmp(fe, e, a, b):
 
 
 def _sigmoid(fe, x):
+    """``1 / (1 + e^-x)`` for x >= 0 and ``e^x / (1 + e^x)`` below (no overflow:
+    tiny results keep their precision down to the subnormals)."""
     one = ir.Constant(x.type, 1.0)
-    exp = fe.math("exp", [fe.b.fneg(x, flags=FAST)])
-    return fe.b.fdiv(one, fe.b.fadd(one, exp, flags=FAST), flags=FAST)
+    e = fe.math("exp", [fe.b.fneg(fe.math("abs", [x]))])
+    top = fe.b.select(fe.b.fcmp_ordered(">=", x, ir.Constant(x.type, 0.0)), one, e)
+    return fe.b.fdiv(top, fe.b.fadd(one, e, flags=("contract",)), flags=("contract",))
 
 
 def _int_abs(fe, x):
-    fn = fe.intrinsic(f"llvm.abs.i{x.type.width}", x.type, [x.type, I1])
+    fn = fe.intrinsic(f"llvm.abs.{_mangle(x.type)}", x.type, [x.type, I1])
     return fe.b.call(fn, [x, ir.Constant(I1, 0)])
 
 
@@ -174,20 +209,21 @@ def _cast_int_float(fe, x, to):
 
 
 def _cast_float_int(fe, x, to):     # truncates toward zero, saturating instead of UB
-    src = "f32" if x.type == VALUE_TYPE["float32"] else "f64"
-    return fe.b.call(fe.intrinsic(f"llvm.fptosi.sat.i{to.width}.{src}", to, [x.type]), [x])
+    name = f"llvm.fptosi.sat.{_mangle(to)}.{_mangle(x.type)}"
+    return fe.b.call(fe.intrinsic(name, to, [x.type]), [x])
 
 
 def _cast_int_int(fe, x, to):
-    if x.type.width == to.width:
+    a, b = _element(x.type).width, _element(to).width
+    if a == b:
         return x
-    return fe.b.sext(x, to) if x.type.width < to.width else fe.b.trunc(x, to)
+    return fe.b.sext(x, to) if a < b else fe.b.trunc(x, to)
 
 
 def _cast_float_float(fe, x, to):
     if x.type == to:
         return x
-    return fe.b.fpext(x, to) if isinstance(to, ir.DoubleType) else fe.b.fptrunc(x, to)
+    return fe.b.fpext(x, to) if isinstance(_element(to), ir.DoubleType) else fe.b.fptrunc(x, to)
 
 
 _CAST = {
@@ -226,19 +262,47 @@ _EXPR = {
     Logic: _logic,
     Unary: lambda fe, e, v: _UNARY[(e.op, _kind(e.dtype))](fe, v[0]),
     Select: lambda fe, e, v: fe.b.select(v[0], v[1], v[2]),
-    Cast: lambda fe, e, v: _CAST[(_kind(e.a.dtype), _kind(e.to))](fe, v[0], VALUE_TYPE[e.to]),
-    BufLoad: lambda fe, e, v: fe.load(e.buffer, v[0]),
-    Local: lambda fe, e, v: fe.b.load(fe.locals[e], typ=VALUE_TYPE[e.dtype]),
+    Cast: lambda fe, e, v: _CAST[(_kind(e.a.dtype), _kind(e.to))](fe, v[0], _shaped(VALUE_TYPE[e.to], v[0])),
+    BufLoad: lambda fe, e, v: fe.load(e, v[0]),
+    GuardedLoad: lambda fe, e, v: fe.load(e, v[0], v[1]),
+    LaneReduce: lambda fe, e, v: fe.lane_reduce(e, v[0]),
+    Local: lambda fe, e, v: fe.b.load(fe.locals[e], typ=fe.local_type[e]),
 }
 
 
 # ----------------------------------------------------------------- functions
 
 
-class _FunctionEmitter:
-    """Emits one stage's body function."""
+class _Lanes:
+    """The enclosing :class:`Simd` loop: its variable, first value and width,
+    and which memory indices are contiguous across its lanes."""
 
-    def __init__(self, module: ir.Module, stage: Stage, name: str):
+    def __init__(self, var, lo, width):
+        self.var, self.lo, self.width = var, lo, width
+        self.bases = {}
+
+    def base(self, index):
+        """The index of lane 0 when ``index`` grows by exactly one per lane
+        (a vector load or store at that base), else ``None``."""
+        if index not in self.bases:
+            leaves = free_leaves(index)
+            ok = (self.var in leaves and not any(isinstance(x, Local) for x in leaves)
+                  and stride(index, self.var) == 1)
+            self.bases[index] = simplify_index(substitute(index, {self.var: self.lo})) if ok else None
+        return self.bases[index]
+
+
+class _FunctionEmitter:
+    """Emits one stage's body function.
+
+    Inside a :class:`Simd` loop (``self.lanes``) a value that is the same in
+    every lane stays a scalar and the others are ``<W x T>`` vectors; scalars
+    are splatted where they meet vectors.  ``self.mask`` holds the active
+    lanes (``None``: all): masked loads, stores and assignments respect it,
+    an ``If`` or loop whose condition or bounds differ between lanes narrows
+    it, and a branch no lane takes is skipped."""
+
+    def __init__(self, module: ir.Module, stage: Stage, name: str, avx512: bool = False):
         self.module = module
         self.buffers = _buffers_of(stage)
         args = [PTR] * len(self.buffers) + [I64, I64, PTR]
@@ -246,6 +310,7 @@ class _FunctionEmitter:
         self.fn.linkage = "internal"
         self.fn.attributes.add("alwaysinline")
         self.fn.attributes.add("nounwind")
+        add_vector_attributes(self.fn)
         for arg, buf in zip(self.fn.args, self.buffers):
             arg.add_attribute("noalias")
             arg.attributes.dereferenceable = buf.nbytes
@@ -260,7 +325,11 @@ class _FunctionEmitter:
         self.scopes = [{}]          # memo: loop IR expression -> value, per block
         self.uses_local = {}
         self.locals = {}
+        self.local_type = {}
         self.access_group = None
+        self.lanes = None
+        self.mask = None
+        self.avx512 = avx512        # fast_math may use AVX-512 instructions (vscalefps)
         self.stmt(stage.body)
         self.b.ret_void()
         self.alloca.branch(body)
@@ -273,10 +342,48 @@ class _FunctionEmitter:
             fn = ir.Function(self.module, ir.FunctionType(ret, args), name=name)
         return fn
 
+    def call_intrinsic(self, base, args):
+        """``base.<type>(args)`` for an overloaded intrinsic returning its argument type."""
+        t = args[0].type
+        return self.b.call(self.intrinsic(f"{base}.{_mangle(t)}", t, [a.type for a in args]), list(args))
+
     def math(self, op, args):
         t = args[0].type
-        name = MATH_FUNCTIONS[op][0 if t == VALUE_TYPE["float32"] else 1]
-        return self.b.call(self.intrinsic(name, t, [t] * len(args)), args, fastmath=())
+        scalar = _element(t)
+        if scalar == VALUE_TYPE["float32"] and op in FAST_MATH:
+            return FAST_MATH[op](self, args[0])
+        if scalar == VALUE_TYPE["float64"] and op in FAST_MATH_F64:
+            return FAST_MATH_F64[op](self, args[0])
+        if op in INTRINSICS:
+            return self.call_intrinsic(INTRINSICS[op], args)
+        fn = self.intrinsic(LIBM[op][0 if scalar == VALUE_TYPE["float32"] else 1], scalar,
+                            [scalar] * len(args))
+        if not isinstance(t, ir.VectorType):
+            return self.b.call(fn, args)
+        out = ir.Constant(t, ir.Undefined)          # libm has no vector entry: one call per lane
+        for k in range(t.count):
+            lane = ir.Constant(I32, k)
+            out = self.b.insert_element(
+                out, self.b.call(fn, [self.b.extract_element(a, lane) for a in args]), lane)
+        return out
+
+    def splat(self, v, width=None):
+        """``v`` as a vector of the current width (vectors pass through)."""
+        if isinstance(v.type, ir.VectorType):
+            return v
+        vt = ir.VectorType(v.type, width or self.lanes.width)
+        if isinstance(v, ir.Constant):
+            return ir.Constant(vt, v.constant)
+        x = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(x, ir.Constant(vt, ir.Undefined),
+                                     ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
+
+    def _reduce(self, op, v):
+        t = v.type
+        return self.b.call(self.intrinsic(f"llvm.vector.reduce.{op}.{_mangle(t)}", t.element, [t]), [v])
+
+    def any_lane(self, mask):
+        return self._reduce("or", mask)
 
     def _tag(self, instr):
         if self.access_group is not None:
@@ -284,12 +391,69 @@ class _FunctionEmitter:
         return instr
 
     def _address(self, buf, index):
-        return self.b.gep(self.ptr[buf], [index], inbounds=True, source_etype=MEMORY_TYPE[buf.dtype])
+        ptr = self.b.gep(self.ptr[buf], [index], inbounds=True, source_etype=MEMORY_TYPE[buf.dtype])
+        if isinstance(index.type, ir.VectorType):
+            ptr.type = ir.VectorType(PTR, index.type.count)
+        return ptr
 
-    def load(self, buf, index):
+    def _mask_or_all(self, width):
+        return self.mask if self.mask is not None else ir.Constant(ir.VectorType(I1, width), 1)
+
+    def load(self, e, index, cond=None):
+        """Load ``e.buffer[index]`` (only where ``cond`` holds, else zero, for a
+        :class:`GuardedLoad`); in a vector loop, ``index`` is lane 0's index
+        when :meth:`_Lanes.base` found ``e`` contiguous."""
+        buf = e.buffer
         t = MEMORY_TYPE[buf.dtype]
-        value = self._tag(self.b.load(self._address(buf, index), typ=t, align=_align(buf)))
-        return self.b.icmp_unsigned("!=", value, ir.Constant(I8, 0)) if buf.dtype == "bool" else value
+        align = ir.Constant(I32, _align(buf))
+        vector_cond = cond is not None and isinstance(cond.type, ir.VectorType)
+        contiguous = self.lanes is not None and self.lanes.base(e.index) is not None
+        if cond is not None and not contiguous and not vector_cond \
+                and not isinstance(index.type, ir.VectorType):       # one scalar: read a safe index
+            safe = self.b.select(cond, index, ir.Constant(index.type, 0))
+            value = self._tag(self.b.load(self._address(buf, safe), typ=t, align=_align(buf)))
+            value = self.b.select(cond, value, ir.Constant(t, 0))
+        elif contiguous:
+            vt = ir.VectorType(t, self.lanes.width)
+            ptr = self._address(buf, index)
+            mask = self.mask if cond is None else self._and_mask(self.splat(cond))
+            if mask is None:
+                value = self._tag(self.b.load(ptr, typ=vt, align=_align(buf)))
+            else:
+                fn = self.intrinsic(f"llvm.masked.load.{_mangle(vt)}.p0", vt, [PTR, I32, mask.type, vt])
+                value = self._tag(self.b.call(fn, [ptr, align, mask, ir.Constant(vt, None)]))
+        elif isinstance(index.type, ir.VectorType) or vector_cond:
+            index = self.splat(index)
+            vt = ir.VectorType(t, index.type.count)
+            ptrs = self._address(buf, index)
+            mask = self._mask_or_all(vt.count) if cond is None else self._and_mask(self.splat(cond))
+            fn = self.intrinsic(f"llvm.masked.gather.{_mangle(vt)}.{_mangle(ptrs.type)}", vt,
+                                [ptrs.type, I32, mask.type, vt])
+            value = self._tag(self.b.call(fn, [ptrs, align, mask, ir.Constant(vt, None)]))
+        else:
+            value = self._tag(self.b.load(self._address(buf, index), typ=t, align=_align(buf)))
+        if buf.dtype == "bool":
+            return self.b.icmp_unsigned("!=", value, ir.Constant(value.type, 0))
+        return value
+
+    def lane_reduce(self, e, value):
+        """Combine the active lanes of ``value`` pairwise (a fixed tree: the
+        same bits on every run)."""
+        if self.lanes is None:
+            return value
+        value = self.splat(value)
+        if self.mask is not None:
+            value = self.b.select(self.mask, value, self.splat(self.expr(e.identity)))
+        rule = _BINOP[(e.op, _kind(e.dtype))]
+        width = value.type.count
+        while width > 1:
+            width //= 2
+            undef = ir.Constant(value.type, ir.Undefined)
+            halves = [self.b.shuffle_vector(value, undef, ir.Constant(ir.VectorType(I32, width),
+                                                                       list(range(k, k + width))))
+                      for k in (0, width)]
+            value = rule(self, *halves)
+        return self.b.extract_element(value, ir.Constant(I32, 0))
 
     def _lookup(self, e, local_memo):
         if e in local_memo:
@@ -298,6 +462,13 @@ class _FunctionEmitter:
             if e in scope:
                 return scope[e]
         return None
+
+    def _kids(self, node):
+        if self.lanes is not None and isinstance(node, (BufLoad, GuardedLoad)):
+            base = self.lanes.base(node.index)
+            if base is not None:
+                return (base,) if isinstance(node, BufLoad) else (base, node.cond)
+        return children(node)
 
     def expr(self, e):
         """The value of a loop IR expression; each distinct node once per block
@@ -308,12 +479,16 @@ class _FunctionEmitter:
             node, ready = stack.pop()
             if self._lookup(node, local_memo) is not None:
                 continue
-            kids = children(node)
+            kids = self._kids(node)
             if not ready:
                 stack.append((node, True))
                 stack += [(k, False) for k in kids]
                 continue
-            value = _EXPR[type(node)](self, node, [self._lookup(k, local_memo) for k in kids])
+            vals = [self._lookup(k, local_memo) for k in kids]
+            if (self.lanes is not None and type(node) not in _LEAVES
+                    and any(isinstance(v.type, ir.VectorType) for v in vals)):
+                vals = [self.splat(v) for v in vals]
+            value = _EXPR[type(node)](self, node, vals)
             uses_local = isinstance(node, Local) or any(self.uses_local.get(k, False) for k in kids)
             self.uses_local[node] = uses_local
             (local_memo if uses_local else self.scopes[-1])[node] = value
@@ -324,32 +499,43 @@ class _FunctionEmitter:
         self.stmt(stmt)
         self.scopes.pop()
 
+    def _masked_block(self, stmt, mask, bindings=None):
+        """Run ``stmt`` with the active lanes narrowed to ``mask``, skipped when none is active."""
+        run = self.fn.append_basic_block("lanes")
+        done = self.fn.append_basic_block("lanes.done")
+        self.b.cbranch(self.any_lane(mask), run, done)
+        self.b.position_at_end(run)
+        outer, self.mask = self.mask, mask
+        self.block(stmt, bindings)
+        self.mask = outer
+        self.b.branch(done)
+        self.b.position_at_end(done)
+
+    def _and_mask(self, cond):
+        return cond if self.mask is None else self.b.and_(self.mask, cond)
+
     # --------------------------------------------------------- statements
 
     def stmt(self, s):
         _STMT[type(s)](self, s)
 
-    def for_(self, s: For):
-        lo = self.expr(s.lo)
-        hi = self.b.add(lo, self.expr(s.extent))
-        if s.kind == "parallel":        # this call runs the chunk [lo, hi) of the root loop
-            lo = self.b.call(self.intrinsic("llvm.smax.i64", I64, [I64, I64]), [lo, self.lo])
-            hi = self.b.call(self.intrinsic("llvm.smin.i64", I64, [I64, I64]), [hi, self.hi])
+    def _loop(self, var, lo, hi, body_fn, kind="serial"):
+        """``for var in [lo, hi)`` with scalar bounds; ``body_fn(iv)`` emits the body."""
         pre = self.b.block
-        body = self.fn.append_basic_block(f"{s.var.name}.loop")
-        done = self.fn.append_basic_block(f"{s.var.name}.done")
+        body = self.fn.append_basic_block(f"{var.name}.loop")
+        done = self.fn.append_basic_block(f"{var.name}.done")
         self.b.cbranch(self.b.icmp_signed("<", lo, hi), body, done)
         self.b.position_at_end(body)
-        iv = self.b.phi(I64, name=s.var.name)
+        iv = self.b.phi(I64, name=var.name)
         iv.add_incoming(lo, pre)
         outer_group = self.access_group
-        if s.kind == "vectorize":
+        if kind == "vectorize":
             self.access_group = _distinct(self.module)
-        self.block(s.body, {s.var: iv})
+        body_fn(iv)
         nxt = self.b.add(iv, ir.Constant(I64, 1))
         iv.add_incoming(nxt, self.b.block)
         latch = self.b.cbranch(self.b.icmp_signed("<", nxt, hi), body, done)
-        if s.kind == "vectorize":
+        if kind == "vectorize":
             parallel = self.module.add_metadata(
                 [ir.MetaDataString(self.module, "llvm.loop.parallel_accesses"), self.access_group])
             loop_id = _distinct(self.module)
@@ -358,23 +544,115 @@ class _FunctionEmitter:
         self.access_group = outer_group
         self.b.position_at_end(done)
 
+    def for_(self, s: For):
+        lo = self.expr(s.lo)
+        extent = self.expr(s.extent)
+        if isinstance(lo.type, ir.VectorType) or isinstance(extent.type, ir.VectorType):
+            return self._masked_for(s, lo, extent)
+        hi = self.b.add(lo, extent)
+        if s.kind == "parallel":        # this call runs the chunk [lo, hi) of the root loop
+            lo = self.b.call(self.intrinsic("llvm.smax.i64", I64, [I64, I64]), [lo, self.lo])
+            hi = self.b.call(self.intrinsic("llvm.smin.i64", I64, [I64, I64]), [hi, self.hi])
+        kind = "serial" if self.lanes is not None else s.kind
+        self._loop(s.var, lo, hi, lambda iv: self.block(s.body, {s.var: iv}), kind)
+
+    def _masked_for(self, s: For, lo, extent):
+        """A loop whose bounds differ between lanes: the scalar variable runs
+        over the union of the active lanes' ranges, each lane active in its own."""
+        lo_v, hi_v = self.splat(lo), self.splat(self.b.add(self.splat(lo), self.splat(extent)))
+        width = lo_v.type.count
+        active = self._mask_or_all(width)
+        vt = lo_v.type
+        first = self._reduce("smin", self.b.select(active, lo_v, ir.Constant(vt, 2 ** 62)))
+        last = self._reduce("smax", self.b.select(active, hi_v, ir.Constant(vt, -2 ** 62)))
+
+        def body(iv):
+            at = self.splat(iv, width)
+            inside = self.b.and_(self.b.icmp_signed(">=", at, lo_v), self.b.icmp_signed("<", at, hi_v))
+            outer, self.mask = self.mask, self.b.and_(active, inside)
+            self.block(s.body, {s.var: iv})
+            self.mask = outer
+
+        self._loop(s.var, first, last, body)
+
+    def simd(self, s: Simd):
+        if self.lanes is not None:
+            raise RuntimeError("loop IR nests a simd loop in another")
+        if isinstance(s.count, Const) and s.count.value <= 0:
+            return
+        width = s.lanes
+        lo = self.expr(s.lo)
+        iota = ir.Constant(ir.VectorType(I64, width), list(range(width)))
+        lane = self.b.add(self.splat(lo, width), iota)
+        mask = None
+        if not (isinstance(s.count, Const) and s.count.value >= width):
+            mask = self.b.icmp_signed("<", iota, self.splat(self.expr(s.count), width))
+        outer_group, self.access_group = self.access_group, None
+        self.lanes, self.mask = _Lanes(s.var, s.lo, width), mask
+        self.block(s.body, {s.var: lane})
+        self.lanes, self.mask = None, None
+        self.access_group = outer_group
+
     def store(self, s: Store):
+        buf = s.buffer
+        t = MEMORY_TYPE[buf.dtype]
         value = self.expr(s.value)
-        index = self.expr(s.index)
-        if s.buffer.dtype == "bool":
-            value = self.b.zext(value, I8)
-        self._tag(self.b.store(value, self._address(s.buffer, index), align=_align(s.buffer)))
+        base = self.lanes.base(s.index) if self.lanes is not None else None
+        index = self.expr(base if base is not None else s.index)
+        vector = base is not None or isinstance(index.type, ir.VectorType)
+        if vector:
+            value = self.splat(value)
+        if buf.dtype == "bool":
+            value = self.b.zext(value, _shaped(I8, value))
+        align = ir.Constant(I32, _align(buf))
+        if base is not None:
+            ptr = self._address(buf, index)
+            if self.mask is None:
+                self._tag(self.b.store(value, ptr, align=_align(buf)))
+            else:
+                fn = self.intrinsic(f"llvm.masked.store.{_mangle(value.type)}.p0", ir.VoidType(),
+                                    [value.type, PTR, I32, self.mask.type])
+                self._tag(self.b.call(fn, [value, ptr, align, self.mask]))
+        elif vector:
+            ptrs = self._address(buf, index)
+            mask = self._mask_or_all(index.type.count)
+            fn = self.intrinsic(f"llvm.masked.scatter.{_mangle(value.type)}.{_mangle(ptrs.type)}",
+                                ir.VoidType(), [value.type, ptrs.type, I32, mask.type])
+            self._tag(self.b.call(fn, [value, ptrs, align, mask]))
+        else:
+            if isinstance(value.type, ir.VectorType):
+                raise RuntimeError(f"stage stores different lanes' values to one element of '{buf.name}'")
+            self._tag(self.b.store(value, self._address(buf, index), align=_align(buf)))
+
+    def _fit(self, value, t):
+        return self.splat(value, t.count) if isinstance(t, ir.VectorType) else value
 
     def alloc(self, s: Alloc):
-        self.locals[s.local] = self.alloca.alloca(VALUE_TYPE[s.local.dtype], name=s.local.name)
+        t = VALUE_TYPE[s.local.dtype]
+        if self.lanes is not None:
+            t = ir.VectorType(t, self.lanes.width)
+        self.local_type[s.local] = t
+        self.locals[s.local] = self.alloca.alloca(t, name=s.local.name)
         if s.init is not None:
-            self.b.store(self.expr(s.init), self.locals[s.local])
+            self.b.store(self._fit(self.expr(s.init), t), self.locals[s.local])
 
     def assign(self, s: Assign):
-        self.b.store(self.expr(s.value), self.locals[s.local])
+        t = self.local_type[s.local]
+        value = self.expr(s.value)
+        if isinstance(value.type, ir.VectorType) and not isinstance(t, ir.VectorType):
+            raise RuntimeError(f"a vector loop assigns lane values to the scalar local '{s.local.name}'")
+        value = self._fit(value, t)
+        if self.mask is not None and isinstance(t, ir.VectorType):
+            value = self.b.select(self.mask, value, self.b.load(self.locals[s.local], typ=t))
+        self.b.store(value, self.locals[s.local])
 
     def if_(self, s: If):
         cond = self.expr(s.cond)
+        if isinstance(cond.type, ir.VectorType):
+            self._masked_block(s.then, self._and_mask(cond))
+            if s.else_ is not None:
+                self._masked_block(s.else_, self._and_mask(self.b.not_(cond)))
+            return
         then = self.fn.append_basic_block("then")
         done = self.fn.append_basic_block("endif")
         other = self.fn.append_basic_block("else") if s.else_ is not None else done
@@ -388,26 +666,47 @@ class _FunctionEmitter:
 
     def check(self, s: Check):
         index = self.expr(s.index)
-        ok = self.b.icmp_unsigned("<", index, ir.Constant(I64, s.extent))
+        if _element(index.type).width < 64:               # an int32 index read from data
+            index = self.b.sext(index, _shaped(I64, index))
+        if isinstance(index.type, ir.VectorType):
+            bad = self._and_mask(self.b.icmp_unsigned(">=", index, ir.Constant(index.type, s.extent)))
+            failed = self.any_lane(bad)
+        else:
+            failed = self.b.icmp_unsigned(">=", index, ir.Constant(I64, s.extent))
         fail = self.fn.append_basic_block("out_of_bounds")
         cont = self.fn.append_basic_block("in_bounds")
-        self.b.cbranch(ok, cont, fail)
+        self.b.cbranch(failed, fail, cont)
         self.b.position_at_end(fail)
+        if isinstance(index.type, ir.VectorType):     # report the first failing lane
+            width = index.type.count
+            bits = self.b.bitcast(bad, ir.IntType(width))
+            lane = self.b.call(self.intrinsic(f"llvm.cttz.i{width}", ir.IntType(width),
+                                              [ir.IntType(width), I1]), [bits, ir.Constant(I1, 1)])
+            index = self.b.extract_element(index, lane)
         self.b.store(ir.Constant(I64, s.code), self.err)
         self.b.store(index, self.b.gep(self.err, [ir.Constant(I64, 1)], source_etype=I64))
         self.b.ret_void()
         self.b.position_at_end(cont)
 
 
+_LEAVES = (BufLoad, GuardedLoad, LaneReduce, Local, Var, Const)
+
 _STMT = {
     Block: lambda fe, s: [fe.stmt(x) for x in s.stmts],
     For: _FunctionEmitter.for_,
+    Simd: _FunctionEmitter.simd,
     Store: _FunctionEmitter.store,
     Alloc: _FunctionEmitter.alloc,
     Assign: _FunctionEmitter.assign,
     If: _FunctionEmitter.if_,
     Check: _FunctionEmitter.check,
 }
+
+
+def add_vector_attributes(fn):
+    """Let LLVM use full 512-bit vectors (it prefers 256 bits on these CPUs)."""
+    for attr in VECTOR_ATTRIBUTES:
+        set.add(fn.attributes, attr)
 
 
 _ITEMSIZE = {"bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8}
@@ -429,7 +728,7 @@ def _buffers_of(stage: Stage) -> list:
             if e in visited:
                 continue
             visited.add(e)
-            if isinstance(e, BufLoad):
+            if isinstance(e, (BufLoad, GuardedLoad)):
                 seen.setdefault(e.buffer, None)
             stack += children(e)
     return list(seen)
@@ -439,16 +738,23 @@ def stage_symbol(n: int) -> str:
     return f"stage{n}"
 
 
-def emit_module(program: Program, triple: str = "", data_layout: str = "") -> ir.Module:
-    """An LLVM module with one entry point ``stageN`` per stage of ``program``."""
+def emit_module(program: Program, triple: str = "", data_layout: str = "",
+                openmp: bool = False, avx512: bool = False) -> ir.Module:
+    """An LLVM module with one entry point ``stageN`` per stage of ``program``
+    and ``run_stages`` running a range of them (splitting stages across
+    threads through libgomp's ``GOMP_parallel`` when ``openmp``).  ``avx512``:
+    the target has AVX-512F (the inline math may use its instructions)."""
     module = ir.Module(name=program.name)
     module.triple, module.data_layout = triple, data_layout
     index = {buf: k for k, buf in enumerate(program.buffers)}
+    entries = []
     for n, stage in enumerate(program.stages):
-        body = _FunctionEmitter(module, stage, stage_symbol(n) + ".body")
+        body = _FunctionEmitter(module, stage, stage_symbol(n) + ".body", avx512)
         entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR]),
                             name=stage_symbol(n))
-        table, lo, hi, err = entry.args
+        add_vector_attributes(entry)
+        entry.attributes.add("noinline")    # one machine code per stage, whatever calls it: the
+        table, lo, hi, err = entry.args     # same bits from run_stages, a thread chunk or Python
         for arg in (table, err):
             arg.add_attribute("noalias")
         b = ir.IRBuilder(entry.append_basic_block("entry"))
@@ -456,4 +762,149 @@ def emit_module(program: Program, triple: str = "", data_layout: str = "") -> ir
                 for buf in body.buffers]
         b.call(body.fn, ptrs + [lo, hi, err])
         b.ret_void()
+        entries.append(entry)
+    _emit_run_stages(module, program, entries, openmp)
     return module
+
+
+RUN_STAGES = "run_stages"
+CHUNK_ALIGN_1D = 1024        # chunk edges of unscheduled 1-d stages (LLVM's vector/remainder split)
+
+
+def root_extent(stage: Stage) -> int:
+    """Iterations of a stage's parallel root loop (1 when it has none)."""
+    root = stage.body
+    if isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const):
+        return max(root.extent.value, 0)
+    return 1
+
+
+def chunk_align(stage: Stage) -> int:
+    """Chunk edges of a split stage are multiples of this.  A scheduled stage
+    computes every element with the same code wherever a chunk starts; a
+    1-d stage left to LLVM's loop vectoriser keeps its vector/remainder split."""
+    scheduled = any(isinstance(x, Simd) for x in walk(stage.body))
+    return CHUNK_ALIGN_1D if len(stage.buffer.shape) <= 1 and not scheduled else 1
+
+
+def _dispatch(b, fn, n, entries, args_of, after):
+    """``switch (n)``: call ``entries[k](*args_of(k))``, then branch to ``after``."""
+    switch = b.switch(n, after)
+    for k, entry in enumerate(entries):
+        case = fn.append_basic_block(f"stage{k}")
+        switch.add_case(ir.Constant(I64, k), case)
+        b.position_at_end(case)
+        b.call(entry, args_of(k))
+        b.branch(after)
+
+
+def _emit_chunk(module, program, entries):
+    """``run_chunk(i64* ctx)``, run by every thread of a ``GOMP_parallel``
+    region: ``ctx = {table, stage, extent, align, err}``; thread ``t`` of ``n``
+    runs its contiguous, ``align``-rounded share of the root loop and
+    reports a failed check in ``err[2t .. 2t+1]``."""
+    i32_fn = ir.FunctionType(I32, [])
+    tid_fn = ir.Function(module, i32_fn, name="omp_get_thread_num")
+    num_fn = ir.Function(module, i32_fn, name="omp_get_num_threads")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="run_chunk")
+    add_vector_attributes(fn)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    ctx = fn.args[0]
+    field = [b.load(b.gep(ctx, [ir.Constant(I64, k)], source_etype=I64), typ=I64) for k in range(5)]
+    table = b.inttoptr(field[0], PTR)
+    stage, extent, align = field[1:4]
+    err = b.inttoptr(field[4], PTR)
+    tid = b.sext(b.call(tid_fn, []), I64)
+    n = b.sext(b.call(num_fn, []), I64)
+    one = ir.Constant(I64, 1)
+    step = b.sdiv(b.sub(b.add(extent, n), one), n)
+    step = b.mul(b.sdiv(b.sub(b.add(step, align), one), align), align)
+    lo = b.mul(tid, step)
+    hi = b.call(module.globals.get("llvm.smin.i64") or ir.Function(
+        module, ir.FunctionType(I64, [I64, I64]), name="llvm.smin.i64"), [b.add(lo, step), extent])
+    slot = b.gep(err, [b.mul(tid, ir.Constant(I64, 2))], source_etype=I64)
+    done = fn.append_basic_block("done")
+    work = fn.append_basic_block("work")
+    b.cbranch(b.icmp_signed("<", lo, hi), work, done)
+    b.position_at_end(work)
+    _dispatch(b, fn, stage, entries, lambda k: [table, lo, hi, slot], done)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn
+
+
+def _emit_run_stages(module, program, entries, openmp):
+    """``run_stages(i8** buffers, i64 first, i64 last, i64* err, i64 threads,
+    i8* split)``: stages ``[first, last)`` in order, each over its whole root
+    loop (with ``openmp``, a stage whose ``split`` flag is set runs on
+    ``threads`` threads), stopping at the first failed check: one native
+    call runs a whole kernel.  ``err`` has two slots per thread."""
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR, I64, PTR]),
+                     name=RUN_STAGES)
+    table, first, last, err, threads, split = fn.args
+    entry = fn.append_basic_block("entry")
+    head = fn.append_basic_block("head")
+    latch = fn.append_basic_block("latch")
+    done = fn.append_basic_block("done")
+    b = ir.IRBuilder(entry)
+    ctx = b.alloca(I64, ir.Constant(I64, 5), name="ctx")
+    b.branch(head)
+    b.position_at_end(head)
+    n = b.phi(I64, name="n")
+    n.add_incoming(first, entry)
+    dispatch = fn.append_basic_block("dispatch")
+    b.cbranch(b.icmp_signed("<", n, last), dispatch, done)
+    b.position_at_end(dispatch)
+    serial = fn.append_basic_block("serial")
+    if openmp:
+        chunk = _emit_chunk(module, program, entries)
+        gomp = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), name="GOMP_parallel")
+        extents = ir.Constant(ir.ArrayType(I64, len(entries)),
+                              [root_extent(st) for st in program.stages])
+        aligns = ir.Constant(ir.ArrayType(I64, len(entries)), [chunk_align(st) for st in program.stages])
+        tables = []
+        for name, const_ in (("extents", extents), ("aligns", aligns)):
+            g = ir.GlobalVariable(module, const_.type, name=name)
+            g.global_constant, g.initializer, g.linkage = True, const_, "internal"
+            tables.append(g)
+        flag = b.load(b.gep(split, [n], source_etype=I8), typ=I8)
+        parallel = fn.append_basic_block("parallel")
+        go = b.and_(b.icmp_signed(">", threads, ir.Constant(I64, 1)),
+                    b.icmp_unsigned("!=", flag, ir.Constant(I8, 0)))
+        b.cbranch(go, parallel, serial)
+        b.position_at_end(parallel)
+        values = [b.ptrtoint(table, I64), n,
+                  b.load(b.gep(tables[0], [ir.Constant(I64, 0), n], source_etype=extents.type), typ=I64),
+                  b.load(b.gep(tables[1], [ir.Constant(I64, 0), n], source_etype=aligns.type), typ=I64),
+                  b.ptrtoint(err, I64)]
+        for k, v in enumerate(values):
+            b.store(v, b.gep(ctx, [ir.Constant(I64, k)], source_etype=I64))
+        b.call(gomp, [chunk, ctx, b.trunc(threads, I32), ir.Constant(I32, 0)])
+        b.branch(latch)
+    else:
+        b.branch(serial)
+    b.position_at_end(serial)
+    _dispatch(b, fn, n, entries,
+              lambda k: [table, ir.Constant(I64, 0), ir.Constant(I64, root_extent(program.stages[k])), err],
+              latch)
+    b.position_at_end(latch)
+    nxt = b.add(n, ir.Constant(I64, 1))
+    slots = b.select(b.icmp_signed(">", threads, ir.Constant(I64, 1)), threads, ir.Constant(I64, 1))
+    # any thread's slot reporting a failure stops the run
+    check = fn.append_basic_block("check")
+    b.branch(check)
+    b.position_at_end(check)
+    t = b.phi(I64, name="t")
+    t.add_incoming(ir.Constant(I64, 0), latch)
+    code = b.load(b.gep(err, [b.mul(t, ir.Constant(I64, 2))], source_etype=I64), typ=I64)
+    t_next = b.add(t, ir.Constant(I64, 1))
+    failed = b.icmp_signed("!=", code, ir.Constant(I64, 0))
+    more = fn.append_basic_block("more")
+    b.cbranch(failed, done, more)
+    b.position_at_end(more)
+    t_more = b.icmp_signed("<", t_next, slots)
+    b.cbranch(t_more, check, head)
+    t.add_incoming(t_next, more)
+    n.add_incoming(nxt, more)
+    b.position_at_end(done)
+    b.ret_void()

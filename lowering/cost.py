@@ -70,10 +70,11 @@ def count_iterations(program: Program) -> int:
     return int(storage[counter][0])
 
 
-def cost(inputs, outputs) -> dict:
+def cost(inputs, outputs, store=(), recompute=()) -> dict:
     """``te.cost``: ``iterations`` (innermost loop-body executions), ``temp_bytes``
-    (temporary buffers), ``output_bytes``, ``input_bytes`` and ``stages``."""
-    program = lower(inputs, outputs)
+    (temporary buffers), ``output_bytes``, ``input_bytes`` and ``stages`` of the
+    program ``te.build`` would compile with the same ``store``/``recompute``."""
+    program = lower(inputs, outputs, store=store, recompute=recompute, schedule=False)
     return {
         "iterations": count_iterations(program),
         "temp_bytes": program.temp_bytes,

@@ -22,6 +22,7 @@ from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce,
 from te_autodiff.visit import children as te_children
 
 LOOP_KINDS = ("serial", "parallel", "vectorize")
+SIMD_WIDTH_BYTES = 64            # one AVX-512 register: 16 float32 or 8 float64 lanes
 BUFFER_KINDS = ("input", "output", "temp")
 
 
@@ -59,6 +60,37 @@ class BufLoad(Expr):
         return f"<BufLoad {expr_text(self)}>"
 
 
+class GuardedLoad(Expr):
+    """``buffer[index]`` where ``cond`` holds, else zero; never reads memory
+    where ``cond`` fails, so it may be evaluated unconditionally (a masked
+    load in a vector loop).  Made by ``schedule.py`` from an ``If`` that
+    guards a read."""
+
+    __slots__ = ("buffer", "index", "cond")
+    fields = ("buffer", "index", "cond")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.buffer.dtype)
+
+    def __repr__(self):
+        return f"<GuardedLoad {expr_text(self)}>"
+
+
+class LaneReduce(Expr):
+    """Inside a :class:`Simd` loop: ``value`` of every active lane combined
+    with ``op`` (add, mul, max, min) into one value, the same in all lanes
+    (``identity`` stands in for inactive lanes).  Outside one: ``value``."""
+
+    __slots__ = ("op", "value", "identity")
+    fields = ("op", "value", "identity")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.value.dtype)
+
+    def __repr__(self):
+        return f"<LaneReduce {expr_text(self)}>"
+
+
 class Local(Expr):
     """A scalar local variable, unique by ``name`` within one stage."""
 
@@ -76,6 +108,10 @@ def children(e: Expr) -> tuple:
     """Sub-expressions of a loop IR expression."""
     if isinstance(e, BufLoad):
         return (e.index,)
+    if isinstance(e, GuardedLoad):
+        return (e.index, e.cond)
+    if isinstance(e, LaneReduce):
+        return (e.value,)
     return te_children(e)
 
 
@@ -102,6 +138,24 @@ class For:
 
 
 @dataclass(frozen=True, eq=False)
+class Simd:
+    """A vector loop: ``var`` takes the values ``lo, lo + 1, ..., lo + count - 1``
+    at once, one per lane of a ``lanes``-wide vector (``count <= lanes``; the
+    lanes past ``count`` are inactive).  The body runs in lock-step on all
+    lanes: a value that differs between lanes is a vector, loads and stores
+    become vector, masked or gathered memory operations, locals declared
+    inside are vectors, and an ``If`` or loop bound that differs between lanes
+    runs under a lane mask.  Produced by ``schedule.py`` only where the
+    iterations are independent (distinct output elements)."""
+
+    var: Var
+    lo: Expr
+    lanes: int
+    count: Expr
+    body: object
+
+
+@dataclass(frozen=True, eq=False)
 class Store:
     buffer: Buffer
     index: Expr
@@ -110,10 +164,13 @@ class Store:
 
 @dataclass(frozen=True, eq=False)
 class Alloc:
-    """Declare ``local``, initialised to ``init`` when it is not None."""
+    """Declare ``local``, initialised to ``init`` when it is not None.  With
+    ``let`` the local is a let-binding: assigned once, here, to a value the
+    statements after it read several times (printed ``let t = ...``)."""
 
     local: Local
     init: Expr | None
+    let: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,7 +243,7 @@ def walk(stmt):
         yield s
         if isinstance(s, Block):
             stack.extend(reversed(s.stmts))
-        elif isinstance(s, For):
+        elif isinstance(s, (For, Simd)):
             stack.append(s.body)
         elif isinstance(s, If):
             stack.extend(b for b in (s.else_, s.then) if b is not None)
@@ -194,6 +251,7 @@ def walk(stmt):
 
 _STMT_EXPRS = {
     For: lambda s: (s.lo, s.extent),
+    Simd: lambda s: (s.lo, s.count),
     Store: lambda s: (s.index, s.value),
     Alloc: lambda s: () if s.init is None else (s.init,),
     Assign: lambda s: (s.value,),
@@ -271,6 +329,11 @@ class _Printer:
         head = f"{pad}{kind}for {self.var(s.var)} in {self.expr(s.lo)}..{self.expr(s.lo + s.extent)}:"
         return [head] + self.stmt(s.body, depth + 1)
 
+    def simd(self, s, pad, depth):
+        head = (f"{pad}simd[{s.lanes}] for {self.var(s.var)} in "
+                f"{self.expr(s.lo)}..{self.expr(s.lo + s.count)}:")
+        return [head] + self.stmt(s.body, depth + 1)
+
     def if_(self, s, pad, depth):
         out = [f"{pad}if {self.expr(s.cond, -1)}:"] + self.stmt(s.then, depth + 1)
         if s.else_ is not None:
@@ -298,6 +361,8 @@ _FORMAT = {
     Cast: lambda p, e: (f"{e.to}({p.expr(e.a)})", 3),
     Select: lambda p, e: (f"select({p.expr(e.cond)}, {p.expr(e.a)}, {p.expr(e.b)})", 3),
     BufLoad: lambda p, e: (f"{e.buffer.name}[{p.expr(e.index)}]", 3),
+    LaneReduce: lambda p, e: (f"{e.op}_lanes({p.expr(e.value)})", 3),
+    GuardedLoad: lambda p, e: (f"{e.buffer.name}[{p.expr(e.index)}] if {p.expr(e.cond, 0)} else 0", -2),
     Local: lambda p, e: (e.name, 3),
     Load: lambda p, e: (f"{e.tensor.name}[{', '.join(p.expr(i) for i in e.indices)}]", 3),
     Reduce: lambda p, e: (f"{e.op}[{', '.join(p.var(a) for a in e.axes)}]({p.expr(e.body)})", 3),
@@ -307,10 +372,12 @@ _FORMAT = {
 _STMT_TEXT = {
     Block: lambda p, s, pad, depth: [line for x in s.stmts for line in p.stmt(x, depth)],
     For: _Printer.for_,
+    Simd: _Printer.simd,
     If: _Printer.if_,
     Store: lambda p, s, pad, depth: [f"{pad}{s.buffer.name}[{p.expr(s.index)}] = {p.expr(s.value)}"],
-    Alloc: lambda p, s, pad, depth: [f"{pad}{s.local.name}: {s.local.dtype}"
-                                     + ("" if s.init is None else f" = {p.expr(s.init)}")],
+    Alloc: lambda p, s, pad, depth: ([f"{pad}let {s.local.name} = {p.expr(s.init)}"] if s.let else
+                                     [f"{pad}{s.local.name}: {s.local.dtype}"
+                                      + ("" if s.init is None else f" = {p.expr(s.init)}")]),
     Assign: lambda p, s, pad, depth: [f"{pad}{s.local.name} = {p.expr(s.value)}"],
     Check: lambda p, s, pad, depth: [f"{pad}check 0 <= {p.expr(s.index)} < {s.extent}"
                                      f"  # {s.tensor} dim {s.dim}, error {s.code}"],
@@ -320,3 +387,125 @@ _STMT_TEXT = {
 def expr_text(e: Expr) -> str:
     """One expression (loop IR or te) as text."""
     return _Printer(False).expr(e)
+
+
+# ------------------------------------------------------------------- analysis
+
+
+def _rebuild(e, kids):
+    if isinstance(e, BufLoad):
+        return e if kids[0] is e.index else BufLoad(e.buffer, kids[0])
+    if isinstance(e, GuardedLoad):
+        return e if kids[0] is e.index and kids[1] is e.cond else GuardedLoad(e.buffer, *kids)
+    if isinstance(e, LaneReduce):
+        return e if kids[0] is e.value else LaneReduce(e.op, kids[0], e.identity)
+    if isinstance(e, Select) and kids[1].dtype == kids[2].dtype == "bool":    # keep bool (te's
+        if isinstance(kids[0], Const):                                        # select makes int32)
+            return kids[1] if kids[0].value else kids[2]
+        return Select(*kids)
+    from te_autodiff.visit import rebuild
+    return rebuild(e, kids)
+
+
+def substitute(e: Expr, mapping: dict) -> Expr:
+    """``e`` with the variables or locals in ``mapping`` replaced (memoised, iterative)."""
+    memo = dict(mapping)
+    stack = [(e, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node in memo:
+            continue
+        kids = children(node)
+        if ready or not kids:
+            memo[node] = _rebuild(node, [memo[k] for k in kids]) if kids else node
+        else:
+            stack.append((node, True))
+            stack += [(k, False) for k in kids if k not in memo]
+    return memo[e]
+
+
+def free_leaves(e: Expr) -> set:
+    """The loop variables and locals ``e`` reads."""
+    out, seen, stack = set(), set(), [e]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, (Var, Local)):
+            out.add(node)
+        stack += children(node)
+    return out
+
+
+def linear_form(e: Expr):
+    """``e`` as ``({atom: coefficient}, constant)`` with integer coefficients,
+    where an atom is a variable or any sub-expression that is not affine
+    (``i // 2``, a load, a max); ``None`` unless ``e`` is an integer expression."""
+    if not (e.dtype.startswith("int")):
+        return None
+    terms, const_ = {}, 0
+    stack = [(e, 1)]
+    while stack:
+        node, k = stack.pop()
+        if k == 0:
+            continue
+        if isinstance(node, Const):
+            const_ += k * node.value
+        elif isinstance(node, BinOp) and node.op in ("add", "sub"):
+            stack += [(node.a, k), (node.b, k if node.op == "add" else -k)]
+        elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.b, Const):
+            stack.append((node.a, k * node.b.value))
+        elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.a, Const):
+            stack.append((node.b, k * node.a.value))
+        elif isinstance(node, Unary) and node.op == "neg":
+            stack.append((node.a, -k))
+        elif isinstance(node, Cast) and node.a.dtype.startswith("int") and node.to == "int64":
+            stack.append((node.a, k))
+        else:
+            terms[node] = terms.get(node, 0) + k
+    return {a: c for a, c in terms.items() if c != 0}, const_
+
+
+def stride(e: Expr, v) -> int | None:
+    """How much ``e`` grows when variable ``v`` grows by one (0 when ``e`` does
+    not read ``v``), or ``None`` when ``e`` is not affine in ``v``."""
+    form = linear_form(e)
+    if form is None:
+        return 0 if v not in free_leaves(e) else None
+    terms, _ = form
+    for atom, k in terms.items():
+        if atom is not v and v in free_leaves(atom):
+            return None
+    return terms.get(v, 0)
+
+
+def from_linear(terms: dict, constant: int, dtype: str = "int64") -> Expr:
+    """The expression ``sum(k * atom) + constant`` (atoms in the given order)."""
+    from te_autodiff.expr import add, const, mul
+    out = None
+    for atom, k in terms.items():
+        term = atom if k == 1 else mul(atom, const(k, dtype))
+        out = term if out is None else add(out, term)
+    if out is None:
+        return const(constant, dtype)
+    return add(out, const(constant, dtype)) if constant else out
+
+
+def simplify_index(e: Expr) -> Expr:
+    """An integer index expression with its affine part collected (``(i*4 + 1)*8 + j``
+    becomes ``i*32 + j + 8``), atoms in order of first appearance."""
+    form = linear_form(e)
+    if form is None:
+        return e
+    terms, constant = form
+    order = [n for n in _preorder(e) if n in terms]
+    return from_linear({a: terms[a] for a in dict.fromkeys(order)}, constant, e.dtype)
+
+
+def _preorder(e):
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack += reversed(children(node))

@@ -1,34 +1,92 @@
 """Tensors to loop IR.
 
-Placeholders and outputs are buffers.  Every other compute tensor is either
-inlined into its readers (when that duplicates no real work, see
-:func:`_inlined`) or materialised in a temporary buffer.  Each materialised
-tensor becomes one :class:`Stage`: a row-major loop nest over its shape whose
-body evaluates the tensor's expression and stores it.
+The program is first put in shared normal form (``te_autodiff.sharing.share``):
+every compute tensor is lowered in its lifted form (reductions nested in a
+formula become tensors of their own) and tensors that compute the same values
+are lowered once, so a kernel built from forward outputs and their gradients
+computes every common value (a lifted reduction, an argmax, an activation)
+once.  Outputs that compute the same values are returned as copies of one
+buffer.  Buffers and stages keep the user's tensor names.
 
-Inside a body, a reduction becomes an accumulator and a loop nest; a select
-whose branches read memory they are not provably allowed to read (or hold
+Store or recompute
+------------------
+Placeholders and outputs are buffers.  Every other compute tensor is stored
+in a temporary buffer, inlined into its readers (recomputed at every read),
+or, for a reduction lifted out of a formula, computed in place where the
+formula reads it.  ``work`` is the number of arithmetic operations of one
+element, with the work of inlined producers added per read site; loads,
+casts, constants and index arithmetic are free; ``exp log log1p tanh sigmoid
+sin cos pow`` are transcendental (infinite work); a division or a square root
+counts 2, every other operation 1.
+
+===========================================  ==================================
+tensor                                       default
+===========================================  ==================================
+output, placeholder                          buffer
+reduction (sum, max, min, prod, argmax)      buffer
+reduction lifted out of a formula, read at   computed in place, as written
+one site once per element of its reader
+(and nothing else needs it)
+elementwise, trivial (work <= 1: a load,     inlined, even inside a reduction
+a padding select, a cast, one cheap op)
+elementwise, cheap (work <= 3, no            inlined unless read inside a
+transcendental)                              reduction of its reader
+elementwise, evaluated once per element      inlined
+(one read site, no broadcast) outside any
+reduction of its reader
+anything else: transcendental chains read    buffer
+by several readers, non-trivial values read
+inside a reduction (a GEMM-like gradient
+reads a stored ``dY``; recomputing it would
+repeat its work in every iteration)
+===========================================  ==================================
+
+Inlining (trivial, cheap or once per element) happens only while the stage
+the tensor lands in stays within ``STAGE_BUDGET`` expression nodes; past it
+the producer is stored (LLVM's compile time grows faster than linearly with
+the size of one loop body, so a long chain becomes several stages, each
+compiled fast).
+
+``te.build(..., store=[T])`` always gives ``T`` a buffer; ``recompute=[T]``
+always inlines it (a reduction or an output cannot be recomputed: that raises
+``ValueError``).
+
+Stages
+------
+Each stored tensor becomes one :class:`Stage`: a row-major loop nest over its
+shape whose body evaluates the tensor's expression and stores it.  Inside a
+body, a reduction becomes an accumulator and a loop nest; a select whose
+branches read memory they are not provably allowed to read (or hold
 reductions) becomes an ``If``, as does the right operand of ``and``/``or``;
-reads whose index comes from tensor data get a run-time :class:`Check`.
+reads whose index comes from tensor data get a run-time :class:`Check`.  A
+non-trivial value used more than once in a block is computed once into a
+let-bound local (``let t3 = ...``); cheap index arithmetic is recomputed.
+Every pass memoises on node identity, so deep DAGs lower in linear time.
 """
 from __future__ import annotations
 
+import math
 from collections import ChainMap
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import (BinOp, Load, Logic, Reduce, Select, Unary, add, cast, compare, const,
-                              identity_of, logic_and, logic_not, logic_or, maximum, minimum, mul,
-                              select, sub, var)
+from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, Select, Unary, Var, add,
+                              cast, compare, const, identity_of, logic_and, logic_not, logic_or,
+                              maximum, minimum, mul, select, sub, var)
 from te_autodiff.graph import tensors_in_order
+from te_autodiff.lift import is_lifted_part
+from te_autodiff.sharing import normal_form, share
 from te_autodiff.tensor import Tensor
 from te_autodiff.visit import children, rebuild, substitute, topo_order
 
 from .bounds_check import Scope, check_tensor, in_bounds, is_index_only
+from .schedule import schedule as schedule_program
 from .loop_ir import (Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program, Stage,
-                      Store)
+                      Store, children as loop_children)
 
-_EXPENSIVE = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
-_CHEAP_INLINE_NODES = 48
+TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
+TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
+CHEAP_WORK = 3              # inlined when not read inside a reduction
+STAGE_BUDGET = 256          # nodes of one stage's body past which producers are stored
 _COMBINE = {"sum": add, "prod": mul, "max": maximum, "min": minimum}
 
 
@@ -63,7 +121,17 @@ def validate(inputs, outputs):
     return inputs, outputs, order
 
 
-# ------------------------------------------------------------------- inlining
+# ------------------------------------------------------- store or recompute
+
+
+def _tensor_set(tensors, what: str) -> list:
+    if isinstance(tensors, Tensor):
+        return [tensors]
+    items = list(tensors or ())
+    for x in items:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"te.build: {what}= must list tensors, got {x!r} of type {type(x).__name__}")
+    return items
 
 
 def _reads(t) -> dict:
@@ -86,46 +154,123 @@ def _reads(t) -> dict:
     return {p: (len(sites), red) for p, (sites, red) in out.items()}
 
 
-def _elementwise(t, outs) -> bool:
-    return (not t.is_placeholder and t not in outs
-            and not any(isinstance(x, Reduce) for x in topo_order([t.body])))
+def _has_reduction(t) -> bool:
+    return any(isinstance(x, Reduce) for x in topo_order([t.body]))
 
 
-def _inlined_sizes(order, outs) -> dict:
-    """Node count of each body once every elementwise producer is inlined into
-    it (an upper bound: it bounds the code duplicated by inlining cheap tensors)."""
-    size = {}
-    for t in order:
-        if t.is_placeholder:
-            continue
-        nodes = topo_order([t.body])
-        size[t] = len(nodes) + sum(size[n.tensor] for n in nodes
-                                   if isinstance(n, Load) and _elementwise(n.tensor, outs))
-    return size
+def _op_work(n) -> float:
+    """Arithmetic operations of one node (its children excluded)."""
+    if isinstance(n, Unary):
+        return math.inf if n.op in TRANSCENDENTAL else 2 if n.op == "sqrt" else 1
+    if isinstance(n, BinOp):
+        return math.inf if n.op == "pow" else 2 if n.op in ("div", "floordiv", "mod") else 1
+    if isinstance(n, (Select, Cmp, Logic)):
+        return 1
+    return 0                            # Const, Var, Load, Cast
 
 
-def _cheap(t, size) -> bool:
-    return size <= _CHEAP_INLINE_NODES and not any(
-        (isinstance(n, Unary) and n.op in _EXPENSIVE) or (isinstance(n, BinOp) and n.op == "pow")
-        for n in topo_order([t.body]))
+def _work(t, inlined_work: dict) -> float:
+    """Operations of one element of ``t``; a read of a tensor in ``inlined_work``
+    costs that tensor's work.  Index arithmetic and conditions are free."""
+    total, data = 0, {}
+    for n in topo_order([t.body]):
+        kids = children(n)
+        data[n] = (isinstance(n, Load) or dt.is_float(n.dtype) or any(data[k] for k in kids))
+        if isinstance(n, Load):
+            total += inlined_work.get(n.tensor, 0)
+        elif data[n] or isinstance(n, Select):
+            total += _op_work(n)
+    return total
 
 
-def _inlined(order, outputs) -> set:
-    """Non-output compute tensors to inline: elementwise (no reduction) and
-    either evaluated at a single site outside any reduction, or cheap."""
-    outs, inlined, sites = set(outputs), set(), {}
-    size = _inlined_sizes(order, outs)
-    for t in reversed(order):                       # readers before the tensors they read
-        if t.is_placeholder:
-            continue
-        n, in_reduce = sites.get(t, (0, False))
-        if _elementwise(t, outs) and ((n == 1 and not in_reduce) or _cheap(t, size[t])):
-            inlined.add(t)
-        mult, red = (n, in_reduce) if t in inlined else (1, False)
-        for p, (k, inside) in _reads(t).items():
-            n0, r0 = sites.get(p, (0, False))
-            sites[p] = (n0 + k * mult, r0 or inside or red)
-    return inlined
+class Plan:
+    """Where each compute tensor of a shared program is computed (the rule of
+    the module doc): ``inlined`` (elementwise, recomputed at every read),
+    ``in_place`` (a lifted reduction evaluated where its one reader reads it),
+    everything else ``stored``, in producer-first order."""
+
+    def __init__(self, graph, outputs, store=(), recompute=(), parts=()):
+        self.outputs = set(outputs)
+        computes = [t for t in graph if not t.is_placeholder]
+        nodes = {t: topo_order([t.body]) for t in computes}
+        size = {t: len(nodes[t]) for t in computes}
+        elementwise = {t for t in computes if not any(isinstance(x, Reduce) for x in nodes[t])}
+        # producers first: the work of each elementwise tensor, with the
+        # producers that are cheap enough to be inlined added per read
+        self.work = {}
+        for t in computes:
+            if t in elementwise:
+                inl = {p: self.work[p] for p in t.inputs
+                       if p in self.work and p not in self.outputs and p not in store
+                       and (self.work[p] <= CHEAP_WORK or p in recompute)}
+                self.work[t] = _work(t, inl)
+        # readers first: how often each tensor is evaluated and whether inside a
+        # reduction; the stages (hosts) its body would be emitted into, how many
+        # copies of it, and the size each stage has reached
+        evals, in_reduce, copies, hosts, stage_size = {}, {}, {}, {}, {}
+        self.inlined, self.in_place = set(), set()
+        for t in reversed(computes):
+            n, red = evals.get(t, 0), in_reduce.get(t, False)
+            once = n <= math.prod(t.shape) and not red
+            grown = size[t] * copies.get(t, 1)
+            fits = all(stage_size[h] + grown <= STAGE_BUDGET for h in hosts.get(t, ()))
+            if t in self.outputs or t in store:
+                pass
+            elif t in elementwise:
+                w = self.work[t]
+                if t in recompute or (fits and (w <= TRIVIAL_WORK or (w <= CHEAP_WORK and not red)
+                                                or once)):
+                    self.inlined.add(t)
+            elif t in parts and once:
+                self.in_place.add(t)
+            if t in self.inlined or t in self.in_place:
+                mult, where = copies.get(t, 1), hosts.get(t, set())
+                for h in where:
+                    stage_size[h] += grown
+            else:
+                n, red, mult, where = math.prod(t.shape), False, 1, {t}
+                stage_size[t] = size[t]
+            for p, (k, inside) in _reads(t).items():
+                evals[p] = evals.get(p, 0) + n * k
+                in_reduce[p] = in_reduce.get(p, False) or inside or red
+                copies[p] = copies.get(p, 0) + mult * k
+                hosts.setdefault(p, set()).update(where)
+        self.stored = [t for t in computes if t not in self.inlined and t not in self.in_place]
+        # tensors whose lowered form holds a reduction (not speculatable)
+        self.reducing = set()
+        for t in computes:
+            if t in self.in_place or (t in self.inlined and any(p in self.reducing for p in t.inputs)):
+                self.reducing.add(t)
+
+    def recomputed(self, t) -> bool:
+        return t in self.inlined or t in self.in_place
+
+
+def _overrides(rep, outputs, store, recompute):
+    """Representatives of the tensors named in ``store=``/``recompute=``, checked."""
+    def reps(items, what):
+        out = set()
+        for x in _tensor_set(items, what):
+            if x not in rep:
+                raise ValueError(f"te.build: {what}= names tensor '{x.name}', which the outputs "
+                                 "do not depend on")
+            out.add(rep[x])
+        return out
+    store_set, recompute_set = reps(store, "store"), reps(recompute, "recompute")
+    for x in _tensor_set(recompute, "recompute"):
+        r = rep[x]
+        if r.is_placeholder:
+            raise ValueError(f"te.build: cannot recompute '{x.name}': it is an input placeholder")
+        if r in outputs:
+            raise ValueError(f"te.build: cannot recompute '{x.name}': it is an output of the kernel "
+                             "(or computes the same values as one), so it is stored")
+        if _has_reduction(r):
+            raise ValueError(f"te.build: cannot recompute '{x.name}': it is a reduction, which is "
+                             "always computed once into a buffer (only elementwise tensors can be "
+                             "inlined into their readers)")
+        if r in store_set:
+            raise ValueError(f"te.build: tensor '{x.name}' is listed in both store= and recompute=")
+    return {r for r in store_set if not r.is_placeholder}, recompute_set
 
 
 # ---------------------------------------------------------------- expressions
@@ -149,24 +294,20 @@ def _identity(op, dtype):
     return const(identity_of(op, dtype), dtype)
 
 
-def _speculatable(e, scope) -> bool:
-    """Whether ``e`` may be evaluated unconditionally at a point where ``scope`` holds."""
-    for n in topo_order([e]):
-        if isinstance(n, Reduce):
-            return False
-        if isinstance(n, Load) and not in_bounds(n.indices, n.tensor.shape, scope):
-            return False
-    return True
+def _is_let(stmt) -> bool:
+    return isinstance(stmt, Alloc) and stmt.let
 
 
 class _Context:
-    """Program-wide lowering state: buffers, inlined tensors, local names, check codes."""
+    """Program-wide lowering state: buffers, the plan, local names, check codes."""
 
-    def __init__(self, buffers, inlined, checks):
+    def __init__(self, buffers, plan, checks):
         self.buffers = buffers
-        self.inlined = inlined
+        self.plan = plan
         self.checks = checks
         self.n_locals = 0
+        self.speculatable_memo = {}
+        self.index_memo = {}
 
     def local(self, prefix, dtype) -> Local:
         self.n_locals += 1
@@ -178,17 +319,74 @@ class _Context:
             self.checks[key] = len(self.checks) + 1
         return self.checks[key]
 
+    def speculatable(self, e, scope) -> bool:
+        """Whether ``e`` may be evaluated unconditionally where ``scope`` holds:
+        no reduction (also none in a tensor computed in place) and no read that
+        may leave its tensor."""
+        def rule(n, kids):
+            if isinstance(n, Reduce):
+                return False
+            if isinstance(n, Load) and (n.tensor in self.plan.reducing
+                                        or not in_bounds(n.indices, n.tensor.shape, scope)):
+                return False
+            return all(kids)
+        return _bottom_up(e, self.speculatable_memo.setdefault(scope, {}), rule)
+
+    def trivial(self, v) -> bool:
+        """Values cheaper to recompute than to bind: leaves, loads, a cast or
+        negation of one, and small integer/boolean index arithmetic."""
+        if isinstance(v, (Const, Var, Local, BufLoad)):
+            return True
+        if ((isinstance(v, Cast) or (isinstance(v, Unary) and v.op == "neg"))
+                and isinstance(v.a, (Const, Var, Local, BufLoad))):
+            return True
+        return _bottom_up(v, self.index_memo, _index_size, children=loop_children) <= _INDEX_TREE
+
+
+_INDEX_TREE = 4096          # index arithmetic up to this many nodes (as a tree) is recomputed
+_INDEX_TYPES = (Const, Var, Local, BinOp, Cmp, Logic, Cast, Unary, Select)
+
+
+def _index_size(n, kids) -> float:
+    """Tree size of pure integer/boolean arithmetic (infinite for anything else), saturating."""
+    if not isinstance(n, _INDEX_TYPES) or dt.is_float(n.dtype):
+        return math.inf
+    return min(1 + sum(kids), _INDEX_TREE + 1)
+
+
+def _bottom_up(root, memo: dict, rule, children=children):
+    """``rule(node, [values of its children])`` for ``root``, each node once
+    (``memo`` on node identity; nodes already in it are not visited again)."""
+    stack = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node in memo:
+            continue
+        if ready:
+            memo[node] = rule(node, [memo[k] for k in children(node)])
+        else:
+            stack.append((node, True))
+            stack += [(k, False) for k in children(node) if k not in memo]
+    return memo[root]
+
 
 class _Emitter:
     """Lowers te expressions to loop IR values, appending the statements they
     need to ``stmts``.  ``memo`` maps te nodes to values computed so far in
-    this block or an enclosing one."""
+    this block or an enclosing one.
 
-    def __init__(self, ctx, scope, parent=None):
+    A stage is lowered twice: a probe (``shared`` None) records in ``reused``
+    the nodes whose value is asked for again while it is available; the real
+    pass binds the non-trivial values of those nodes to let-bound locals."""
+
+    def __init__(self, ctx, scope, parent=None, shared=None):
         self.ctx = ctx
         self.scope = scope
         self.stmts = []
-        self.memo = ChainMap() if parent is None else parent.memo.new_child()
+        if parent is None:
+            self.memo, self.shared, self.reused = ChainMap(), shared, set()
+        else:
+            self.memo, self.shared, self.reused = parent.memo.new_child(), parent.shared, parent.reused
 
     def child(self, scope) -> "_Emitter":
         return _Emitter(self.ctx, scope, self)
@@ -197,49 +395,90 @@ class _Emitter:
         self.stmts.append(stmt)
 
     def value(self, e):
-        memo = self.memo
-        stack = [(e, False)]
+        """The loop IR value of ``e``, each node once (iterative: a read of an
+        inlined tensor continues with that tensor's body, so long chains of
+        inlined tensors do not nest Python calls)."""
+        memo, reused, inlined = self.memo, self.reused, {}
+        stack = [(e, 0)]                # phases: 0 new, 1 children done, 2 inlined body done
         while stack:
-            node, ready = stack.pop()
+            node, phase = stack.pop()
+            if phase == 2:
+                memo[node] = self.bind(node, memo[inlined.pop(node)])
+                continue
             if node in memo:
+                reused.add(node)
                 continue
             rule = _RULES.get(type(node))
             if rule is not None:
-                memo[node] = rule(self, node)
-            elif ready:
-                memo[node] = rebuild(node, [memo[k] for k in children(node)])
+                memo[node] = self.bind(node, rule(self, node))
+            elif phase == 0:
+                stack.append((node, 1))
+                for k in children(node):
+                    if k in memo:
+                        reused.add(k)
+                    else:
+                        stack.append((k, 0))
+            elif isinstance(node, Load):
+                v, body = self.load(node)
+                if body is None:
+                    memo[node] = self.bind(node, v)
+                elif body in memo:
+                    reused.add(body)
+                    memo[node] = self.bind(node, memo[body])
+                else:
+                    inlined[node] = body
+                    stack += [(node, 2), (body, 0)]
             else:
-                stack.append((node, True))
-                stack += [(k, False) for k in children(node) if k not in memo]
+                memo[node] = self.bind(node, rebuild(node, [memo[k] for k in children(node)]))
         return memo[e]
 
+    def bind(self, node, v):
+        """``v``, or a let-bound local holding it when ``node`` is used again."""
+        if self.shared is None or node not in self.shared or self.ctx.trivial(v):
+            return v
+        local = self.ctx.local("t", v.dtype)
+        self.emit(Alloc(local, v, let=True))
+        return local
+
     def branch(self, e, scope):
-        """Lower ``e`` in a nested block: (statements, value)."""
+        """Lower ``e`` in a nested block: (emitter, value)."""
         sub_emitter = self.child(scope)
-        value = sub_emitter.value(e)
-        return tuple(sub_emitter.stmts), value
+        return sub_emitter, sub_emitter.value(e)
+
+    def adopt(self, *branches) -> bool:
+        """Move the statements of speculated ``branches`` into this block when
+        they are all let-bindings (pure, safe to run unconditionally)."""
+        if not all(_is_let(s) for b in branches for s in b.stmts):
+            return False
+        for b in branches:
+            self.stmts += b.stmts
+            self.memo.maps[0].update(b.memo.maps[0])
+        return True
 
     def load(self, e):
+        """A read whose indices are lowered: ``(value, None)`` for a buffer, or
+        ``(None, body)`` with the body to evaluate for a recomputed tensor."""
         t = e.tensor
-        idx = [self.value(i) for i in e.indices]
+        idx = [self.memo[i] for i in e.indices]
         for d, (ix, n) in enumerate(zip(idx, t.shape)):
             if not is_index_only(e.indices[d]):     # the others are proven at build time
                 self.emit(Check(ix, n, self.ctx.check_code(t, d, n), t.name, d))
-        if t in self.ctx.inlined:
-            return self.value(substitute(t.body, dict(zip(t.axes, idx))))
-        return BufLoad(self.ctx.buffers[t], _linear(idx, t.shape))
+        if self.ctx.plan.recomputed(t):
+            return None, substitute(t.body, dict(zip(t.axes, e.indices)))
+        return BufLoad(self.ctx.buffers[t], _linear(idx, t.shape)), None
 
     def select(self, e):
         cond = self.value(e.cond)
-        if _speculatable(e.a, self.scope) and _speculatable(e.b, self.scope):
-            (sa, a), (sb, b) = self.branch(e.a, self.scope), self.branch(e.b, self.scope)
-            if not sa and not sb:
+        if self.ctx.speculatable(e.a, self.scope) and self.ctx.speculatable(e.b, self.scope):
+            (ba, a), (bb, b) = self.branch(e.a, self.scope), self.branch(e.b, self.scope)
+            if self.adopt(ba, bb):
                 return select(cond, a, b)
-        sa, a = self.branch(e.a, self.scope.guarded(e.cond, True))
-        sb, b = self.branch(e.b, self.scope.guarded(e.cond, False))
+        ba, a = self.branch(e.a, self.scope.guarded(e.cond, True))
+        bb, b = self.branch(e.b, self.scope.guarded(e.cond, False))
         tmp = self.ctx.local("v", e.dtype)
         self.emit(Alloc(tmp, None))
-        self.emit(If(cond, Block(sa + (Assign(tmp, a),)), Block(sb + (Assign(tmp, b),))))
+        self.emit(If(cond, Block(tuple(ba.stmts) + (Assign(tmp, a),)),
+                     Block(tuple(bb.stmts) + (Assign(tmp, b),))))
         return tmp
 
     def logic(self, e):
@@ -247,22 +486,29 @@ class _Emitter:
             return logic_not(self.value(e.a))
         a = self.value(e.a)
         both = logic_and if e.op == "and" else logic_or
-        if _speculatable(e.b, self.scope):
-            sb, b = self.branch(e.b, self.scope)
-            if not sb:
+        if self.ctx.speculatable(e.b, self.scope):
+            bb, b = self.branch(e.b, self.scope)
+            if self.adopt(bb):
                 return both(a, b)
-        sb, b = self.branch(e.b, self.scope.guarded(e.a, e.op == "and"))
+        bb, b = self.branch(e.b, self.scope.guarded(e.a, e.op == "and"))
         tmp = self.ctx.local("c", "bool")
         self.emit(Alloc(tmp, a))
-        self.emit(If(a if e.op == "and" else logic_not(a), Block(sb + (Assign(tmp, b),))))
+        self.emit(If(a if e.op == "and" else logic_not(a), Block(tuple(bb.stmts) + (Assign(tmp, b),))))
         return tmp
 
     def reduce(self, e):
-        doms = tuple((self.value(lo), self.value(ext)) for lo, ext in e.doms)
-        stmts, v = self.branch(e.body, self.scope.with_vars(e.axes, doms))
+        """An accumulator and a loop nest.  The domain of each axis may use the
+        axes before it, so it is evaluated inside their loops."""
         dtype = e.body.dtype
         acc = self.ctx.local("acc", dtype)
         self.emit(Alloc(acc, _identity(e.op, dtype)))
+        levels, doms, em = [], [], self
+        for ax, (lo, ext) in zip(e.axes, e.doms):
+            dom = (em.value(lo), em.value(ext))
+            doms.append(dom)
+            levels.append((em, ax, dom))
+            em = em.child(em.scope.with_vars((ax,), (dom,)))
+        v = em.value(e.body)
         if e.op == "argmax":
             pos = self.ctx.local("pos", dt.INDEX)
             self.emit(Alloc(pos, const(0, dt.INDEX)))
@@ -272,9 +518,10 @@ class _Emitter:
         else:
             update = Assign(acc, cast(dtype, _COMBINE[e.op](acc, v)))
             result = acc
-        body = Block(stmts + (update,))
-        for ax, (lo, ext) in reversed(list(zip(e.axes, doms))):
-            body = Block((For(ax, lo, ext, body),))
+        body = Block(tuple(em.stmts) + (update,))
+        for outer, ax, (lo, ext) in reversed(levels):
+            before = () if outer is self else tuple(outer.stmts)
+            body = Block(before + (For(ax, lo, ext, body),))
         self.stmts += body.stmts
         return result
 
@@ -288,8 +535,7 @@ def _position(axes, doms):
     return out
 
 
-_RULES = {Load: _Emitter.load, Select: _Emitter.select, Logic: _Emitter.logic,
-          Reduce: _Emitter.reduce}
+_RULES = {Select: _Emitter.select, Logic: _Emitter.logic, Reduce: _Emitter.reduce}
 
 
 # --------------------------------------------------------------------- stages
@@ -298,7 +544,12 @@ _RULES = {Load: _Emitter.load, Select: _Emitter.select, Logic: _Emitter.logic,
 def _stage(t, buf, ctx) -> Stage:
     axes = t.axes if t.ndim else (var("_", (0, 1)),)
     shape = t.shape if t.ndim else (1,)
-    em = _Emitter(ctx, Scope.of_axes(axes, shape))
+    scope = Scope.of_axes(axes, shape)
+    first_local = ctx.n_locals
+    probe = _Emitter(ctx, scope)                    # finds the values used more than once
+    probe.value(t.body)
+    ctx.n_locals = first_local
+    em = _Emitter(ctx, scope, shared=probe.reused)
     value = em.value(t.body)
     body = Block(tuple(em.stmts) + (Store(buf, _linear(t.axes, t.shape), value),))
     for d in reversed(range(len(axes))):
@@ -308,8 +559,8 @@ def _stage(t, buf, ctx) -> Stage:
     return Stage(buf.name, buf, body)
 
 
-def _buffers(inputs, order, outputs, inlined) -> dict:
-    """A uniquely named buffer for every input and every materialised tensor."""
+def _buffers(inputs, stored, outputs) -> dict:
+    """A uniquely named buffer for every input and every stored tensor."""
     out, names = {}, set()
 
     def make(t, kind):
@@ -322,22 +573,52 @@ def _buffers(inputs, order, outputs, inlined) -> dict:
     for t in inputs:
         make(t, "input")
     outs = set(outputs)
-    for t in order:
-        if not t.is_placeholder and t not in inlined:
-            make(t, "output" if t in outs else "temp")
+    for t in stored:
+        make(t, "output" if t in outs else "temp")
     return out
 
 
-def lower(inputs, outputs, name=None) -> Program:
-    """The loop IR program computing ``outputs`` from the placeholders ``inputs``."""
+def _checked_form(checked: dict):
+    """The lifted form of a tensor when its reads pass the bounds checks, else
+    the tensor as written (memoised in ``checked``)."""
+    def form(t):
+        if t.is_placeholder:
+            return t
+        if t not in checked:
+            lt = normal_form(t)
+            if lt is not t:
+                try:
+                    check_tensor(lt)
+                    for p in lt.inputs:
+                        if is_lifted_part(p):
+                            check_tensor(p)
+                except IndexError:
+                    lt = t
+            checked[t] = lt
+        return checked[t]
+    return form
+
+
+def lower(inputs, outputs, name=None, *, store=(), recompute=(), schedule=True) -> Program:
+    """The loop IR program computing ``outputs`` from the placeholders ``inputs``.
+
+    ``store``/``recompute`` override the store-or-recompute rule (module doc)
+    for the tensors they name."""
     inputs, outputs, order = validate(inputs, outputs)
-    computes = [t for t in order if not t.is_placeholder]
-    for t in computes:
-        check_tensor(t)
-    inlined = _inlined(order, outputs)
-    buffers = _buffers(inputs, order, outputs, inlined)
-    ctx = _Context(buffers, inlined, {})
-    stages = tuple(_stage(t, buffers[t], ctx) for t in computes if t not in inlined)
+    for t in order:
+        if not t.is_placeholder:
+            check_tensor(t)
+    rep = share(outputs, _checked_form({}))
+    results = [rep[o] for o in outputs]
+    store_set, recompute_set = _overrides(rep, set(results), store, recompute)
+    from_user = {rep[t] for t in rep if not is_lifted_part(t)}
+    parts = {rep[t] for t in rep if is_lifted_part(t)} - from_user
+    graph = tensors_in_order(results)
+    plan = Plan(graph, results, store_set, recompute_set, parts)
+    buffers = _buffers(inputs, plan.stored, results)
+    ctx = _Context(buffers, plan, {})
+    stages = tuple(_stage(t, buffers[t], ctx) for t in plan.stored)
     checks = tuple(key for key, _ in sorted(ctx.checks.items(), key=lambda kv: kv[1]))
-    return Program(name or outputs[0].name, tuple(buffers.values()), stages,
-                   tuple(buffers[t] for t in outputs), checks)
+    program = Program(name or outputs[0].name, tuple(buffers.values()), stages,
+                      tuple(buffers[t] for t in results), checks)
+    return schedule_program(program) if schedule else program      # schedule.py; False: as lowered

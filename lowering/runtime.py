@@ -3,9 +3,20 @@
 Compiled programs are cached by their typed loop IR text, so building the
 same program twice in a process runs LLVM once.  Stages run in order; a stage
 with enough work is split into contiguous chunks of its parallel root loop
-across a persistent thread pool (``TE_NUM_THREADS``, default
-``min(2, os.cpu_count())``).  Every element is computed by the same code
-whatever the chunking, so results are bit-identical for any thread count.
+across ``TE_NUM_THREADS`` threads (default ``min(2, os.cpu_count())``).
+
+A kernel call is one native call when libgomp is installed: ``run_stages``
+runs every stage and hands a large one to libgomp's thread team
+(``GOMP_parallel``, about 2 us per split stage).  Without libgomp, runs of
+small stages are one native call each and a large stage is split across a
+Python thread pool (ctypes releases the GIL; about 30 us per split stage).
+Python per call: argument checks, one table of buffer addresses, the output
+allocations (64-byte aligned); temporaries live in one aligned block per
+kernel and thread, reused by later calls.
+
+Every element is computed by the same machine code whatever the chunking
+(stage entries are never inlined into their callers), so results are
+bit-identical for any thread count.
 """
 from __future__ import annotations
 
@@ -20,14 +31,17 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from .codegen_llvm import emit_module, stage_symbol
-from .loop_ir import Block, Const, For, If, Program
+from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
+from .loop_ir import Block, Const, For, If, Program, Simd
 from .lower import lower, validate
+from .schedule import schedule
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
 PARALLEL_WORK = 1 << 15          # estimated inner iterations below which a stage runs serially
-_CHUNK_ALIGN_1D = 1024           # chunk edges of 1-d stages: keep vector/remainder splits identical
+PARALLEL_WORK_OPENMP = 1 << 12   # the same when libgomp splits stages (a region costs ~2 us)
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+_RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                           ctypes.c_int64, ctypes.c_void_p)
 
 _lock = threading.Lock()
 _initialised = False
@@ -47,9 +61,27 @@ def _new_target_machine():
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         llvm.load_library_permanently(ctypes.util.find_library("m"))
+        _load_openmp()
         _initialised = True
     return llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+
+
+_openmp = False
+
+
+def _load_openmp():
+    """Use libgomp's thread team for split stages when it is installed (a
+    region costs about a microsecond instead of tens through Python threads);
+    ``TE_OPENMP=0`` turns it off."""
+    global _openmp
+    path = ctypes.util.find_library("gomp")
+    if path and os.environ.get("TE_OPENMP", "1") != "0":
+        try:
+            llvm.load_library_permanently(path)
+            _openmp = True
+        except RuntimeError:
+            _openmp = False
 
 
 def _optimise(module, tm):
@@ -69,6 +101,8 @@ class Compiled:
     engine: object
     stages: list
     llvm_ir: str
+    run_stages: object = None
+    openmp: bool = False
 
 
 def compile_program(program: Program) -> Compiled:
@@ -80,7 +114,9 @@ def compile_program(program: Program) -> Compiled:
             _cache.move_to_end(key)
             return hit
         tm = _new_target_machine()
-        ir_module = emit_module(program, llvm.get_process_triple(), str(tm.target_data))
+        avx512 = "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+        ir_module = emit_module(program, llvm.get_process_triple(), str(tm.target_data), openmp=_openmp,
+                                avx512=avx512)
         module = llvm.parse_assembly(str(ir_module))
         module.verify()
         _optimise(module, tm)
@@ -88,7 +124,8 @@ def compile_program(program: Program) -> Compiled:
         engine.finalize_object()
         stages = [_STAGE_FN(engine.get_function_address(stage_symbol(n)))
                   for n in range(len(program.stages))]
-        _cache[key] = compiled = Compiled(engine, stages, str(module))
+        run = _RUN_FN(engine.get_function_address(RUN_STAGES))
+        _cache[key] = compiled = Compiled(engine, stages, str(module), run, _openmp)
         if len(_cache) > CACHE_SIZE:        # kernels keep their own engine alive
             _cache.popitem(last=False)
         return compiled
@@ -125,6 +162,7 @@ def _thread_pool():
 
 _WORK = {
     For: lambda s: max(s.extent.value if isinstance(s.extent, Const) else 16, 0) * _work(s.body),
+    Simd: lambda s: _work(s.body),       # one vector operation does all the lanes
     Block: lambda s: max(1, sum(_work(x) for x in s.stmts)),
     If: lambda s: max(_work(s.then), 0 if s.else_ is None else _work(s.else_)),
 }
@@ -156,8 +194,9 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
         root = stage.body
         parallel = isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const)
         extent = root.extent.value if parallel else 1
-        plans.append(_StagePlan(fn, extent, parallel and extent > 1 and _work(root) >= PARALLEL_WORK,
-                                _CHUNK_ALIGN_1D if len(stage.buffer.shape) <= 1 else 1))
+        threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK
+        plans.append(_StagePlan(fn, extent, parallel and extent > 1 and _work(root) >= threshold,
+                                chunk_align(stage)))
     return plans
 
 
@@ -167,10 +206,12 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = dtype.itemsize
+    for n in shape:
+        nbytes *= n
     raw = np.empty(nbytes + align, np.uint8)
     offset = (-raw.ctypes.data) % align
-    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+    return np.ndarray(shape, dtype, raw, offset)
 
 
 def execute(program: Program, plans: list, arrays: list) -> dict:
@@ -204,23 +245,146 @@ def execute(program: Program, plans: list, arrays: list) -> dict:
     return storage
 
 
+def _raise_check(program: Program, code: int, index: int):
+    tensor, dim, extent = program.checks[code - 1]
+    raise IndexError(f"index {index} is out of bounds for dimension {dim} of tensor "
+                     f"'{tensor}' (extent {extent}); the index was read from tensor data")
+
+
+class _Runner:
+    """A kernel's calls with the per-call work precomputed: the buffer table
+    layout, the output allocations, the temporaries (one 64-byte-aligned block,
+    reused by later calls on the same thread), and the steps: a stretch of
+    stages that each run on one thread is one native call (``run_stages``);
+    a stage with enough work is split across the thread pool."""
+
+    def __init__(self, program: Program, compiled: Compiled, plans: list):
+        self.program = program
+        self.compiled = compiled
+        self.plans = plans
+        slot = {b: k for k, b in enumerate(program.buffers)}
+        self.n = len(program.buffers)
+        self.table_type = ctypes.c_void_p * self.n
+        self.input_slots = [slot[b] for b in program.inputs]
+        self.outputs = [(slot[b], b.shape, np.dtype(b.dtype)) for b in program.buffers if b.kind == "output"]
+        offsets, total = [], 0
+        for b in program.buffers:
+            if b.kind == "temp":
+                offsets.append((slot[b], total))
+                total += -(-max(b.nbytes, 1) // 64) * 64
+        self.temp_offsets, self.temp_bytes = offsets, total
+        self.local = threading.local()
+        self.results = []
+        returned = set()
+        for b in program.results:
+            fresh = b.kind == "output" and b not in returned
+            returned.add(b)
+            self.results.append((slot[b], fresh, b.shape, np.dtype(b.dtype)))
+        self.steps_for = {}
+
+    def steps(self, threads: int) -> list:
+        """``[(first, last)]`` stretches for ``run_stages`` and ``(plan, chunks)`` split stages."""
+        steps = self.steps_for.get(threads)
+        if steps is None:
+            steps, start = [], 0
+            for k, plan in enumerate(self.plans):
+                if plan.splittable and threads > 1:
+                    if start < k:
+                        steps.append((start, k))
+                    steps.append((plan, _chunks(plan.extent, threads, plan.align)))
+                    start = k + 1
+            if start < len(self.plans):
+                steps.append((start, len(self.plans)))
+            self.steps_for[threads] = steps
+        return steps
+
+    def temps(self) -> list:
+        """``[(slot, address)]`` of the temporaries for this thread."""
+        cached = getattr(self.local, "temps", None)
+        if cached is None:
+            block = aligned_empty((max(self.temp_bytes, 1),), np.uint8)
+            base = block.ctypes.data
+            cached = self.local.temps = (block, [(k, base + off) for k, off in self.temp_offsets])
+        return cached[1]
+
+    def __call__(self, arrays):
+        ptrs = [0] * self.n
+        for k, a in zip(self.input_slots, arrays):
+            ptrs[k] = a.ctypes.data
+        arrays_by_slot = dict(zip(self.input_slots, arrays))
+        for k, shape, dtype in self.outputs:
+            out = aligned_empty(shape, dtype)
+            arrays_by_slot[k] = out
+            ptrs[k] = out.ctypes.data
+        for k, address in self.temps():
+            ptrs[k] = address
+        table = self.table_type(*ptrs)
+        threads = num_threads()
+        if self.compiled.openmp:                # the whole kernel in one native call
+            err = (ctypes.c_int64 * (2 * threads))()
+            self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads))
+            for t in range(threads):
+                if err[2 * t]:
+                    _raise_check(self.program, err[2 * t], err[2 * t + 1])
+            return self.collect(arrays_by_slot)
+        err = (ctypes.c_int64 * 2)()
+        for step in self.steps(threads):
+            if isinstance(step[0], int):
+                self.compiled.run_stages(table, step[0], step[1], err, 1, None)
+                if err[0]:
+                    _raise_check(self.program, err[0], err[1])
+            else:
+                plan, chunks = step
+                errors = (ctypes.c_int64 * (2 * len(chunks)))()
+                address = ctypes.addressof(errors)
+                pool = _thread_pool()
+                futures = [pool.submit(plan.fn, table, lo, hi, address + 16 * c)
+                           for c, (lo, hi) in enumerate(chunks) if c]
+                plan.fn(table, chunks[0][0], chunks[0][1], address)
+                for f in futures:
+                    f.result()
+                for c in range(len(chunks)):
+                    if errors[2 * c]:
+                        _raise_check(self.program, errors[2 * c], errors[2 * c + 1])
+        return self.collect(arrays_by_slot)
+
+    def split_flags(self, threads: int):
+        flags = self.steps_for.get(("flags", threads))
+        if flags is None:
+            flags = (ctypes.c_int8 * max(len(self.plans), 1))(*[int(p.splittable) for p in self.plans])
+            self.steps_for[("flags", threads)] = flags
+        return flags
+
+    def collect(self, arrays_by_slot):
+        results = []
+        for k, fresh, shape, dtype in self.results:
+            a = arrays_by_slot.get(k)
+            if a is None:                   # a temporary returned by mistake cannot happen; inputs
+                raise RuntimeError("kernel result is not an input or output")
+            results.append(a if fresh else a.copy())
+        return results[0] if len(results) == 1 else tuple(results)
+
+
 # -------------------------------------------------------------------- kernel
 
 
 class Kernel:
     """A compiled program: ``kernel(*arrays)`` returns the outputs as new arrays
     (one array when there is one output).  ``loop_ir`` is the lowered program
-    and ``llvm_ir`` the optimised LLVM module, as text."""
+    (before scheduling), ``scheduled_ir`` the program after ``schedule.py``
+    (what is compiled) and ``llvm_ir`` the optimised LLVM module, as text."""
 
-    def __init__(self, program: Program, compiled: Compiled, inputs, outputs):
+    def __init__(self, program: Program, compiled: Compiled, inputs, outputs, lowered=None):
         self.name = program.name
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        self.loop_ir = str(program)
+        self.loop_ir = str(program if lowered is None else lowered)
+        self.scheduled_ir = str(program)
         self.llvm_ir = compiled.llvm_ir
         self.program = program
         self._compiled = compiled
         self._stages = plan_stages(program, compiled)
+        self._run = _Runner(program, compiled, self._stages)
 
     def _check(self, arrays) -> list:
         if len(arrays) != len(self.inputs):
@@ -242,13 +406,7 @@ class Kernel:
         return out
 
     def __call__(self, *arrays):
-        storage = execute(self.program, self._stages, self._check(arrays))
-        results, returned = [], set()
-        for buf in self.program.results:
-            fresh = buf.kind == "output" and buf not in returned
-            returned.add(buf)
-            results.append(storage[buf] if fresh else storage[buf].copy())
-        return results[0] if len(results) == 1 else tuple(results)
+        return self._run(self._check(arrays))
 
     def __repr__(self):
         ins = ", ".join(t.name for t in self.inputs)
@@ -256,8 +414,11 @@ class Kernel:
         return f"<Kernel {self.name}({ins}) -> ({outs})>"
 
 
-def build(inputs, outputs, name=None) -> Kernel:
-    """``te.build``: compile ``outputs`` as functions of the placeholders ``inputs``."""
+def build(inputs, outputs, name=None, store=(), recompute=()) -> Kernel:
+    """``te.build``: compile ``outputs`` as functions of the placeholders ``inputs``.
+    ``store``/``recompute``: tensors always kept in a buffer / always inlined
+    (overrides of the store-or-recompute rule, see ``lower.py``)."""
     inputs, outputs, _ = validate(inputs, outputs)
-    program = lower(inputs, outputs, name)
-    return Kernel(program, compile_program(program), inputs, outputs)
+    lowered = lower(inputs, outputs, name, store=store, recompute=recompute, schedule=False)
+    program = schedule(lowered)
+    return Kernel(program, compile_program(program), inputs, outputs, lowered)

@@ -14,16 +14,17 @@ from .pretty import pretty
 from .testing import check_gradient
 
 
-def build(inputs, outputs, name=None):
-    """Compile ``outputs`` as functions of the placeholders ``inputs`` (see lowering.build)."""
+def build(inputs, outputs, name=None, store=(), recompute=()):
+    """Compile ``outputs`` as functions of the placeholders ``inputs`` (see lowering.build);
+    tensors in ``store`` always get a buffer, tensors in ``recompute`` are always inlined."""
     from lowering import build as _build
-    return _build(inputs, outputs, name=name)
+    return _build(inputs, outputs, name=name, store=store, recompute=recompute)
 
 
-def cost(inputs, outputs) -> dict:
+def cost(inputs, outputs, store=(), recompute=()) -> dict:
     """Exact iteration count and temporary bytes of the lowered program (see lowering.cost)."""
     from lowering import cost as _cost
-    return _cost(inputs, outputs)
+    return _cost(inputs, outputs, store=store, recompute=recompute)
 
 
 __all__ = [

@@ -8,7 +8,9 @@ and keeps one of each, so that a program built from forward outputs and
 their gradients computes every common value (a lifted reduction, a
 max-pool's argmax, an activation) once.  It also rewrites every tensor into
 the lifted normal form (``lift.py``) which both the forward and the
-derivative read.
+derivative read.  ``lowering/lower.py`` lowers the representatives; which of
+them get a buffer and which are recomputed where they are read is its
+store-or-recompute rule.
 """
 from __future__ import annotations
 
@@ -46,16 +48,28 @@ def canonical_body(t: Tensor):
     return rewrite([body], rebind)[0]
 
 
-def share(outputs) -> dict:
+def normal_form(t: Tensor) -> Tensor:
+    """``t`` with its nested reductions lifted (``lift.py``), or ``t`` itself when
+    they cannot be (a reduction over a variable without a fixed range)."""
+    try:
+        return lifted(t)
+    except ValueError:
+        return t
+
+
+def share(outputs, form=normal_form) -> dict:
     """``{tensor: representative}`` for every tensor below ``outputs``: each
-    compute tensor is replaced by its lifted form, reading representatives,
-    and tensors that compute the same values map to one representative."""
+    compute tensor is replaced by its normal form ``form(t)`` (by default the
+    lifted form), reading representatives, and tensors that compute the same
+    values map to one representative.  Representatives keep the name of the
+    first tensor of their kind, so printed programs show the user's names.
+    Linear in the size of the program: one memoised pass over each body."""
     rep, by_key = {}, {}
-    for t in tensors_in_order(outputs, lambda t: lifted(t).inputs):
+    for t in tensors_in_order(outputs, lambda t: form(t).inputs):
         if t.is_placeholder:
             rep[t] = t
             continue
-        lt = lifted(t)
+        lt = form(t)
         body = rewrite([lt.body], lambda node, new: Load(rep[new.tensor], new.indices)
                        if isinstance(new, Load) and rep.get(new.tensor, new.tensor) is not new.tensor
                        else None)[0]

@@ -1,0 +1,1115 @@
+"""The automatic schedule: a loop IR to loop IR pass, one rule-based plan per stage.
+
+``lower.py`` gives every stage the same shape: a row-major nest of *output
+loops* (one per axis of the stored tensor, the outermost ``parallel``) around
+an *element body* that computes one element (reductions as accumulator
+loops) and stores it.  Output elements are independent, so the output loops
+may be reordered, tiled and vectorised freely.  :func:`schedule` is a pure
+function of the program; nothing is tuned by hand or by timing.
+
+Determinism: every rule below either keeps each element's sequence of
+operations (vector lanes, tiles, K blocks, loop order) or reassociates a
+reduction in one fixed way that depends on the shapes only (lanes, parts).
+The thread count only decides which thread runs which root iterations, so
+every run and every thread count gives the same bits.
+
+Rules, in the order they are tried for a stage:
+
+1. **Split reductions to one element.**  A stage storing one value reduced
+   over a large domain (a loss) would run on one thread: its outermost
+   reduction loop is cut into a fixed number of parts (``SPLIT_PARTS``); a
+   new stage computes the partial results in parallel, the stage itself
+   adds them in order (:func:`_split_reduction`).
+2. **Offset loops.**  A reduction loop ``for x in max(L, e)..min(U, e+D-1)+1``
+   whose bounds read output variables (zero elimination leaves them on the
+   gradients of convolutions) becomes ``for d in 0..D`` with a test
+   ``L <= e + d <= U``: bounds independent of the element (:func:`offset_loops`).
+3. **Vector axis.**  Each output axis is scored by the element body's memory
+   accesses, weighted by how often they run: an index that does not move
+   with the axis is a broadcast (nearly free), one that moves by one element
+   a vector access (1), any other a gather or scatter (one per lane), plus
+   the cost of copying packed operands (rule 5).  The innermost reduction
+   loop is scored the same way: when it wins (a row reduction such as a
+   softmax denominator) each element's reduction runs in vector lanes
+   (:func:`reduce_in_lanes`).  Otherwise the best output axis ``j`` becomes
+   a :class:`~lowering.loop_ir.Simd` loop of ``64 bytes / element size``
+   lanes (16 float32), the last vector masked.  A stage that stores one
+   element gets its reduction in lanes as well.
+4. **Tests to selects.**  An ``If`` whose condition differs between lanes
+   and whose branches assign one value to one local (a padding test) becomes
+   a ``select`` whose reads are :class:`~lowering.loop_ir.GuardedLoad`
+   (masked loads), unless the read is provably in bounds (:func:`if_to_select`).
+5. **Packing.**  A load in a reduction that is a gather along ``j`` but reads
+   only ``j`` and reduction variables (``B[j, k]`` in ``A @ B.T``) is copied,
+   transposed, into a temporary by a new stage, so the lanes read it with
+   unit stride (:func:`_pack_plan`).  Above ``PACK_MAX_BYTES`` the stage
+   uses dot-product tiles instead (vector lanes along ``k``, :func:`_dot_tiles`).
+6. **Register tiles (unroll and jam).**  When the element body runs a
+   reduction whose bounds read neither ``j`` nor a second output axis ``i``,
+   and the reduction reads an operand that does not move with ``j`` (a
+   broadcast) and one that does not move with ``i``, a tile of ``MR`` values
+   of ``i`` by ``NR`` vectors of ``j`` is computed together: the reduction
+   loop is shared and its body repeated per tile element, so the ``MR x NR``
+   accumulators stay in vector registers, each vector load serves ``MR``
+   rows and each broadcast ``NR`` vectors.  A statement is repeated only
+   over the tile positions it depends on (:class:`_Jam`); remainder rows and
+   columns get their own, smaller tiles.
+7. **K blocks.**  A GEMM reduction longer than ``K_BLOCK_MIN`` is cut into
+   blocks of ``K_BLOCK``, each resuming from the partial sums left in the
+   output, and the loops are ordered column tiles, K blocks, row tiles: a
+   ``K_BLOCK`` x tile-width slice of the packed operand stays in L1
+   (:func:`_k_blocked`; the same additions in the same order).
+8. **Gather blocks.**  When the vector loop gathers (a transposed read), the
+   loop outside it is visited ``GATHER_BLOCK`` rows at a time inside each
+   column tile, so the lines a gather touches are reused (:func:`_gather_block`).
+9. **Parallel root.**  The outermost tile loop is the ``parallel`` root the
+   runtime splits across threads; when it has fewer than ``MIN_ROOT``
+   iterations an output tile loop with more is moved out (:func:`_choose_root`).
+
+A stage that already holds a ``Simd`` loop is left alone, so the pass is
+idempotent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from te_autodiff import dtype as dt
+from te_autodiff.expr import (BinOp, Cast, Const, Select, Var, add, compare, const, logic_and,
+                              logic_not, maximum, minimum, mul, select, sub, var)
+
+from .loop_ir import (SIMD_WIDTH_BYTES, Alloc, Assign, Block, Buffer, BufLoad, Check, For, GuardedLoad,
+                      If, LaneReduce, Local, Program, Simd, Stage, Store, children, free_leaves, linear_form,
+                      simplify_index, stmt_exprs, stride, substitute)
+
+UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
+MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop
+GEMM_MIN_TRIPS = 8           # a reduction this long is worth register tiling
+TILE_ROWS = 8                # MR: rows of a register tile
+TILE_VECTORS = 2             # NR: vectors of a register tile
+PACK_MIN_REUSE = 4           # pack an operand only if it is re-read at least this often
+SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
+SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element (a fixed number)
+SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split
+PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead
+DOT_TILE = 4                 # rows and columns of a dot-product register tile
+K_BLOCK = 256                # reduction iterations per block of a long GEMM reduction
+K_BLOCK_MIN = 384            # longer reductions than this are blocked
+GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers
+
+
+_COMBINE = {"add": add, "mul": mul, "max": maximum, "min": minimum}
+
+
+def _idx(value) -> Const:
+    return const(value, dt.INDEX)
+
+
+# ------------------------------------------------------------------ the nest
+
+
+@dataclass
+class _Nest:
+    """A stage as output loops (outermost first) around an element body."""
+
+    loops: list
+    body: Block
+
+    @property
+    def vars(self):
+        return [lp.var for lp in self.loops]
+
+    @property
+    def extents(self):
+        return [lp.extent.value for lp in self.loops]
+
+
+def _nest(stage: Stage):
+    """The output loops and element body of ``stage``, or None when it does not
+    have the shape ``lower.py`` gives (constant extents from zero)."""
+    loops, s = [], stage.body
+    while True:
+        if not (isinstance(s, For) and isinstance(s.lo, Const) and s.lo.value == 0
+                and isinstance(s.extent, Const)):
+            return None
+        loops.append(s)
+        body = s.body
+        if isinstance(body, Block) and len(body.stmts) == 1 and isinstance(body.stmts[0], For):
+            s = body.stmts[0]
+        elif isinstance(body, For):
+            s = body
+        else:
+            body = body if isinstance(body, Block) else Block((body,))
+            return _Nest(loops, body)
+
+
+def _trips(loop: For) -> int:
+    return max(loop.extent.value, 0) if isinstance(loop.extent, Const) else UNKNOWN_TRIPS
+
+
+@dataclass
+class _Access:
+    buffer: Buffer
+    index: object
+    weight: int               # times it runs per element
+    store: bool
+    loops: tuple              # reduction loops around it, outermost first
+
+
+def _accesses(body) -> list:
+    """Every load and store of an element body with its run count per element."""
+    out = []
+
+    def exprs(es, weight, loops):
+        seen, stack = set(), list(es)
+        while stack:
+            e = stack.pop()
+            if e in seen:
+                continue
+            seen.add(e)
+            if isinstance(e, (BufLoad, GuardedLoad)):
+                out.append(_Access(e.buffer, e.index, weight, False, loops))
+            stack += children(e)
+
+    def visit(s, weight, loops):
+        if isinstance(s, Block):
+            for x in s.stmts:
+                visit(x, weight, loops)
+        elif isinstance(s, For):
+            exprs(stmt_exprs(s), weight, loops)
+            visit(s.body, weight * _trips(s), loops + (s,))
+        elif isinstance(s, If):
+            exprs(stmt_exprs(s), weight, loops)
+            visit(s.then, weight, loops)
+            if s.else_ is not None:
+                visit(s.else_, weight, loops)
+        else:
+            if isinstance(s, Store):
+                out.append(_Access(s.buffer, s.index, weight, True, loops))
+            exprs(stmt_exprs(s), weight, loops)
+
+    visit(body, 1, ())
+    return out
+
+
+def _lanes(accesses) -> int:
+    """Lanes of a vector register for the widest element ``accesses`` read or write."""
+    widest = max([np.dtype(a.buffer.dtype).itemsize for a in accesses] + [4])
+    return SIMD_WIDTH_BYTES // widest
+
+
+def _vector_cost(accesses, v, lanes, extent) -> float:
+    """Estimated cost per element of running ``v``'s iterations in vector lanes."""
+    if extent < 2:
+        return float("inf")
+    used = extent / (-(-extent // lanes) * lanes)
+    total = 0.0
+    for a in accesses:
+        s = stride(a.index, v)
+        total += a.weight * (0.1 if s == 0 else 1.0 if s == 1 else lanes)
+    return total / (lanes * used)
+
+
+def _innermost_reduction(body):
+    """The innermost loop of the element body when all the body's loops form
+    one chain (the usual single reduction), else None."""
+    loops = [s for s in _walk(body) if isinstance(s, For)]
+    if not loops:
+        return None
+    inner = loops[-1]
+    if any(isinstance(x, For) for x in _walk(inner.body)):
+        return None
+    return inner
+
+
+def _plain(loop: For) -> bool:
+    """Whether LLVM's loop vectoriser can take ``loop``: its body only
+    combines one accumulator (``acc = acc + e``: no tests, no second local)."""
+    stmts = loop.body.stmts if isinstance(loop.body, Block) else (loop.body,)
+    return all(isinstance(x, Alloc) or (isinstance(x, Assign) and _combine(x) is not None) for x in stmts) \
+        and sum(isinstance(x, Assign) for x in stmts) == 1
+
+
+def _walk(s):
+    yield s
+    if isinstance(s, Block):
+        for x in s.stmts:
+            yield from _walk(x)
+    elif isinstance(s, (For, Simd)):
+        yield from _walk(s.body)
+    elif isinstance(s, If):
+        yield from _walk(s.then)
+        if s.else_ is not None:
+            yield from _walk(s.else_)
+
+
+# ------------------------------------------------------- element-body rewrites
+
+
+def _in_bounds(index, size: int, ranges: dict) -> bool:
+    """Whether an affine ``index`` provably stays in ``[0, size)`` when every
+    variable stays in its ``ranges`` entry ``(first, last)``."""
+    form = linear_form(index)
+    if form is None or any(atom not in ranges for atom in form[0]):
+        return False
+    lo = hi = form[1]
+    for atom, k in form[0].items():
+        a, b = ranges[atom]
+        lo, hi = lo + min(k * a, k * b), hi + max(k * a, k * b)
+    return 0 <= lo and hi < size
+
+
+def _loop_ranges(nest: _Nest) -> dict:
+    """``{variable: (first, last)}`` of the output loops and of the constant-bound loops inside."""
+    out = {v: (0, n - 1) for v, n in zip(nest.vars, nest.extents)}
+    for x in _walk(nest.body):
+        if isinstance(x, For) and isinstance(x.lo, Const) and isinstance(x.extent, Const):
+            out[x.var] = (x.lo.value, x.lo.value + x.extent.value - 1)
+    return out
+
+
+def _guard(e, cond, ranges=None):
+    """``e`` with every load made a :class:`GuardedLoad` under ``cond``, but
+    for loads whose index provably stays in bounds (``ranges``)."""
+    found = {}
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, BufLoad) and ranges is not None and _in_bounds(x.index, x.buffer.size, ranges):
+            pass
+        elif isinstance(x, BufLoad):
+            found[x] = GuardedLoad(x.buffer, substitute(x.index, found) if found else x.index, cond)
+        elif isinstance(x, GuardedLoad):
+            found[x] = GuardedLoad(x.buffer, x.index, logic_and(x.cond, cond))
+        stack += children(x)
+    return substitute(e, found) if found else e
+
+
+def _single_assign(block):
+    stmts = block.stmts if isinstance(block, Block) else (block,)
+    return stmts[0] if len(stmts) == 1 and isinstance(stmts[0], Assign) else None
+
+
+def if_to_select(s, lane_var, ranges=None):
+    """Turn every ``If`` whose condition differs between the lanes of
+    ``lane_var`` and whose branches each assign one value to the same local
+    (a guarded read, the padding test of a convolution) into one assignment
+    of a ``select`` whose loads are :class:`GuardedLoad` under the branch
+    condition: straight-line code the vector loop runs without branches.
+    (A test that is the same for all lanes stays a branch: it skips work.)"""
+    if isinstance(s, Block):
+        return Block(tuple(if_to_select(x, lane_var, ranges) for x in s.stmts))
+    if isinstance(s, For):
+        return For(s.var, s.lo, s.extent, if_to_select(s.body, lane_var, ranges), s.kind)
+    if not isinstance(s, If):
+        return s
+    then = if_to_select(s.then, lane_var, ranges)
+    other = None if s.else_ is None else if_to_select(s.else_, lane_var, ranges)
+    a, b = _single_assign(then), None if other is None else _single_assign(other)
+    if lane_var in free_leaves(s.cond) and a is not None and (
+            other is None or (b is not None and b.local is a.local)):
+        no = a.local if other is None else _guard(b.value, logic_not(s.cond), ranges)
+        yes = _guard(a.value, s.cond, ranges)
+        if isinstance(yes, GuardedLoad) and yes.cond is s.cond and isinstance(no, Const) and no.value == 0:
+            return Assign(a.local, yes)          # GuardedLoad is already zero where cond fails
+        return Assign(a.local, Select(s.cond, yes, no) if yes.dtype == no.dtype else select(s.cond, yes, no))
+    return If(s.cond, then, other)
+
+
+def _bound_terms(e, op):
+    """``e`` as the ``op`` (max or min) of its operands: (constants, others)."""
+    stack, consts, others = [e], [], []
+    while stack:
+        x = stack.pop()
+        if isinstance(x, BinOp) and x.op == op:
+            stack += [x.a, x.b]
+        elif isinstance(x, Const):
+            consts.append(x.value)
+        else:
+            others.append(x)
+    return consts, others
+
+
+def offset_loops(s, outer: set):
+    """Rewrite a loop ``for x in max(L, e)..min(U, e + D - 1) + 1`` whose bounds
+    read output variables (zero elimination leaves such bounds on transposed
+    convolutions) as ``for d in 0..D: x = e + d; if L <= x <= U: ...``: the
+    bounds no longer depend on the output position, so the loop can be
+    vectorised and jammed across outputs, and the test becomes a guard."""
+    if isinstance(s, Block):
+        return Block(tuple(offset_loops(x, outer) for x in s.stmts))
+    if isinstance(s, If):
+        return If(s.cond, offset_loops(s.then, outer),
+                  None if s.else_ is None else offset_loops(s.else_, outer))
+    if not isinstance(s, For):
+        return s
+    body = offset_loops(s.body, outer)
+    if not _depends((s.lo, s.extent), outer):
+        return For(s.var, s.lo, s.extent, body, s.kind)
+    lows, lo_rest = _bound_terms(s.lo, "max")
+    hi_form = linear_form(add(s.lo, s.extent))
+    if len(lo_rest) != 1 or hi_form is None or len(hi_form[0]) != 1:
+        return For(s.var, s.lo, s.extent, body, s.kind)
+    (hi_atom, k), = hi_form[0].items()
+    highs, hi_rest = _bound_terms(hi_atom, "min")
+    if k != 1 or len(hi_rest) != 1:
+        return For(s.var, s.lo, s.extent, body, s.kind)
+    first, last = lo_rest[0], add(hi_rest[0], _idx(hi_form[1]))       # x in [first, last)
+    span = linear_form(sub(last, first))
+    if span is None or span[0] or span[1] <= 0 or linear_form(first) is None:
+        return For(s.var, s.lo, s.extent, body, s.kind)
+    d = var(f"{s.var.name}.d")
+    x = simplify_index(add(first, d))
+    conds = [compare("ge", x, _idx(v)) for v in lows] + \
+            [compare("lt", x, _idx(v + hi_form[1])) for v in highs]
+    body = _rewrite(body, {s.var: x})
+    if conds:
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = logic_and(cond, c)
+        body = Block((If(cond, body if isinstance(body, Block) else Block((body,))),))
+    return For(d, _idx(0), _idx(span[1]), body, s.kind)
+
+
+# ----------------------------------------------------------------- jamming
+
+
+def _depends(exprs, names) -> bool:
+    return any(free_leaves(e) & names for e in exprs)
+
+
+def _local_deps(body, jammed: set) -> dict:
+    """For every local written in ``body``: the jammed variables its value
+    depends on, through its values, conditions and loop bounds (a fixed point)."""
+    deps = {}
+
+    def of(exprs):
+        out = set()
+        for e in exprs:
+            for leaf in free_leaves(e):
+                out |= {leaf} & jammed if leaf in jammed else deps.get(leaf, set())
+        return out
+
+    while True:
+        before = {k: len(v) for k, v in deps.items()}
+
+        def visit(s, ctrl):
+            if isinstance(s, Block):
+                for x in s.stmts:
+                    visit(x, ctrl)
+            elif isinstance(s, For):
+                visit(s.body, ctrl | of(stmt_exprs(s)))
+            elif isinstance(s, If):
+                c = ctrl | of((s.cond,))
+                visit(s.then, c)
+                if s.else_ is not None:
+                    visit(s.else_, c)
+            elif isinstance(s, (Alloc, Assign)):
+                deps[s.local] = deps.get(s.local, set()) | ctrl | of(stmt_exprs(s))
+
+        visit(body, set())
+        if {k: len(v) for k, v in deps.items()} == before:
+            return deps, of
+
+
+class _Jam:
+    """Unroll-and-jam of an element body over tile positions.  ``replicas`` are
+    substitutions ``{var: expr}`` of the jammed variables, one per tile
+    element.  A loop or test that reads no jammed variable stays one loop or
+    test around the jammed body; any other statement is repeated once per
+    distinct value of the jammed variables it depends on (a padding test
+    that reads only the row runs once per row, not once per tile element),
+    its locals renamed per copy."""
+
+    def __init__(self, body, replicas, jammed: set, tag: str):
+        self.replicas = replicas
+        self.jammed = jammed
+        self.deps, self.of = _local_deps(body, jammed)
+        self.tag = tag
+        self.names = {}
+        self.out = self.stmt(body)
+
+    def _stmt_deps(self, s) -> set:
+        out = set()
+        for x in _walk(s):
+            out |= self.of(stmt_exprs(x))
+            if isinstance(x, (Alloc, Assign)):
+                out |= self.deps.get(x.local, set())
+        return out
+
+    def _rename(self, local, rep):
+        d = self.deps.get(local, set())
+        if not d:
+            return local
+        key = (local,) + tuple(rep[v] for v in sorted(d, key=lambda v: v.name))
+        if key not in self.names:
+            n = sum(1 for k in self.names if k[0] is local)
+            self.names[key] = Local(f"{local.name}.{self.tag}{n}", local.dtype)
+        return self.names[key]
+
+    def _copies(self, s, d):
+        out, seen = [], set()
+        locals_ = {x.local for x in _walk(s) if isinstance(x, (Alloc, Assign))}
+        for e in (e for x in _walk(s) for e in stmt_exprs(x)):
+            locals_ |= {leaf for leaf in free_leaves(e) if isinstance(leaf, Local)}
+        order = sorted(d, key=lambda v: v.name)
+        for rep in self.replicas:
+            key = tuple(rep[v] for v in order)
+            if key in seen:
+                continue
+            seen.add(key)
+            mapping = {v: rep[v] for v in d}
+            mapping.update({x: self._rename(x, rep) for x in locals_})
+            out.append(_rewrite(s, mapping))
+        return out[0] if len(out) == 1 else Block(tuple(out))
+
+    def stmt(self, s):
+        if isinstance(s, Block):
+            return _flat(self.stmt(x) for x in s.stmts)
+        if isinstance(s, For) and not self.of(stmt_exprs(s)):
+            return For(s.var, s.lo, s.extent, self.stmt(s.body), s.kind)
+        if isinstance(s, If) and not self.of(stmt_exprs(s)):
+            return If(s.cond, self.stmt(s.then), None if s.else_ is None else self.stmt(s.else_))
+        return self._copies(s, self._stmt_deps(s))
+
+
+def _rewrite(s, mapping):
+    """Statement ``s`` with variables and locals replaced; indices simplified."""
+    def e(x):
+        return _simplify_loads(substitute(x, mapping))
+
+    def ix(x):
+        return simplify_index(substitute(x, mapping))
+
+    if isinstance(s, Block):
+        return Block(tuple(_rewrite(x, mapping) for x in s.stmts))
+    if isinstance(s, For):
+        return For(s.var, e(s.lo), e(s.extent), _rewrite(s.body, mapping), s.kind)
+    if isinstance(s, If):
+        return If(e(s.cond), _rewrite(s.then, mapping),
+                  None if s.else_ is None else _rewrite(s.else_, mapping))
+    if isinstance(s, Store):
+        return Store(s.buffer, ix(s.index), _simplify_loads(e(s.value)))
+    if isinstance(s, Alloc):
+        return Alloc(mapping.get(s.local, s.local), None if s.init is None else _simplify_loads(e(s.init)))
+    if isinstance(s, Assign):
+        return Assign(mapping.get(s.local, s.local), _simplify_loads(e(s.value)))
+    if isinstance(s, Check):
+        return Check(ix(s.index), s.extent, s.code, s.tensor, s.dim)
+    if isinstance(s, Simd):
+        return Simd(s.var, e(s.lo), s.lanes, e(s.count), _rewrite(s.body, mapping))
+    raise TypeError(f"cannot rewrite {type(s).__name__}")
+
+
+def _simplify_loads(e):
+    """Collect the affine part of every load index in ``e``."""
+    loads = {}
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, BufLoad):
+            loads[x] = BufLoad(x.buffer, simplify_index(x.index))
+        elif isinstance(x, GuardedLoad):
+            loads[x] = GuardedLoad(x.buffer, simplify_index(x.index), x.cond)
+        stack += children(x)
+    changed = {k: v for k, v in loads.items() if k is not v}
+    return substitute(e, changed) if changed else e
+
+
+# ------------------------------------------------------------------ packing
+
+
+def _pack_plan(nest: _Nest, j: Var, accesses) -> list:
+    """The loads worth copying into a transposed temporary ``P[r..., j]``:
+    gathers along ``j`` inside a reduction whose index reads only ``j`` and
+    reduction variables with constant bounds (``B[j, k]`` in ``A @ B.T``),
+    in bounds over the whole box, and re-read by the other output loops at
+    least ``PACK_MIN_REUSE`` times.  Returns ``[(access, box)]`` with ``box``
+    the ``(variable, first, extent)`` of each packed dimension, ``j`` last."""
+    j_extent = nest.extents[nest.vars.index(j)]
+    if prod(nest.extents) // max(j_extent, 1) < PACK_MIN_REUSE:
+        return []
+    plan, seen = [], set()
+    for a in accesses:
+        if a.store or not a.loops or stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
+            continue
+        terms, c0 = linear_form(a.index)
+        red = [lp for lp in a.loops if lp.var in terms]
+        names = {lp.var for lp in red}
+        if (any(atom is not j and atom not in names for atom in terms) or len(names) != len(red)
+                or not all(isinstance(lp.lo, Const) and isinstance(lp.extent, Const) for lp in red)):
+            continue
+        box = [(lp.var, lp.lo.value, lp.extent.value) for lp in red] + [(j, 0, j_extent)]
+        if any(n <= 0 for _, _, n in box):
+            continue
+        lo = c0 + sum(min(terms[v] * a0, terms[v] * (a0 + n - 1)) for v, a0, n in box)
+        hi = c0 + sum(max(terms[v] * a0, terms[v] * (a0 + n - 1)) for v, a0, n in box)
+        if lo < 0 or hi >= a.buffer.size:
+            continue
+        seen.add((a.buffer, a.index))
+        plan.append((a, box))
+    return plan
+
+
+def _pack(body, plan, taken: set, new_stages, new_buffers):
+    """Apply a :func:`_pack_plan`: one copy stage and temporary per load; the
+    body with those loads reading the copies."""
+    replace = {}
+    for a, box in plan:
+        shape = tuple(n for _, _, n in box)
+        name, k = f"{a.buffer.name}.packed", 1
+        while name in taken:
+            name, k = f"{a.buffer.name}.packed{k}", k + 1
+        taken.add(name)
+        packed = Buffer(name, shape, a.buffer.dtype, "temp")
+        new_buffers.append(packed)
+        axes = [var(f"p{d}") for d in range(len(box))]
+        src = simplify_index(substitute(a.index, {v: add(ax, _idx(a0)) for (v, a0, _), ax in zip(box, axes)}))
+        stmt = Store(packed, _linear(axes, shape), BufLoad(a.buffer, src))
+        for d in reversed(range(len(axes))):
+            inner = stmt if d == len(axes) - 1 else Block((stmt,))
+            stmt = For(axes[d], _idx(0), _idx(shape[d]), inner, "parallel" if d == 0 else "serial")
+        new_stages.append(Stage(name, packed, stmt))
+        replace[(a.buffer, a.index)] = (packed, simplify_index(
+            _linear([add(v, _idx(-a0)) for v, a0, _ in box], shape)))
+    return _replace_loads(body, replace) if replace else body
+
+
+def _linear(indices, shape):
+    out, step = _idx(0), 1
+    for ix, n in reversed(list(zip(indices, shape))):
+        out = add(out, mul(ix, _idx(step)))
+        step *= n
+    return out
+
+
+def _replace_loads(body, replace):
+    def fix(e):
+        found = {}
+        stack, seen = [e], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if isinstance(x, (BufLoad, GuardedLoad)) and (x.buffer, x.index) in replace:
+                buf, ix = replace[(x.buffer, x.index)]
+                found[x] = BufLoad(buf, ix) if isinstance(x, BufLoad) else GuardedLoad(buf, ix, x.cond)
+            stack += children(x)
+        return substitute(e, found) if found else e
+
+    def go(s):
+        if isinstance(s, Block):
+            return Block(tuple(go(x) for x in s.stmts))
+        if isinstance(s, For):
+            return For(s.var, fix(s.lo), fix(s.extent), go(s.body), s.kind)
+        if isinstance(s, If):
+            return If(fix(s.cond), go(s.then), None if s.else_ is None else go(s.else_))
+        if isinstance(s, Store):
+            return Store(s.buffer, fix(s.index), fix(s.value))
+        if isinstance(s, Alloc):
+            return Alloc(s.local, None if s.init is None else fix(s.init))
+        if isinstance(s, Assign):
+            return Assign(s.local, fix(s.value))
+        if isinstance(s, Check):
+            return Check(fix(s.index), s.extent, s.code, s.tensor, s.dim)
+        return s
+
+    return go(body)
+
+
+# ------------------------------------------------------------------- tiling
+
+
+def _gemm_rows(nest: _Nest, body, j: Var, accesses):
+    """The output variable to register-tile with ``j``, or None: the body must
+    run a reduction whose bounds read neither, in which some load does not
+    move with ``j`` (a broadcast) and some load does not move with it."""
+    loops = [s for s in _walk(body) if isinstance(s, For)]
+    if not loops:
+        return None
+    trips = prod(_trips(lp) for lp in loops if not _depends(stmt_exprs(lp), {j}))
+    if trips < GEMM_MIN_TRIPS:
+        return None
+    inner = [a for a in accesses if a.loops and not a.store]
+    if not any(stride(a.index, j) == 0 for a in inner):
+        return None
+    best, best_score = None, 0
+    for v, n in zip(nest.vars, nest.extents):
+        if v is j or n < 2 or any(_depends(stmt_exprs(lp), {v, j}) for lp in loops):
+            continue
+        score = sum(a.weight for a in inner if stride(a.index, v) == 0 and stride(a.index, j) != 0)
+        if score > best_score:
+            best, best_score = v, score
+    return best
+
+
+def _tiled(extent: int, size: int, var_: Var, make) -> object:
+    """A loop over tiles of ``size`` along an axis of ``extent``: ``make(base,
+    n)`` builds the code for the ``n`` positions from ``base``; a partial last
+    tile gets its own code behind a (uniform) test."""
+    full, rest = divmod(extent, size)
+    base = mul(var_, _idx(size))
+    if rest == 0:
+        return For(var_, _idx(0), _idx(full), make(base, size))
+    if full == 0:
+        return For(var_, _idx(0), _idx(1), make(_idx(0), rest))
+    test = If(_lt(var_, full), Block((make(base, size),)), Block((make(base, rest),)))
+    return For(var_, _idx(0), _idx(full + 1), Block((test,)))
+
+
+def _lt(v, n):
+    from te_autodiff.expr import compare
+    return compare("lt", v, _idx(n))
+
+
+def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
+    nest = _Nest(nest.loops, offset_loops(nest.body, set(nest.vars)))
+    accesses = _accesses(nest.body)
+    lanes = _lanes(accesses)
+    plans = {v: _pack_plan(nest, v, accesses) for v in nest.vars}
+    costs = {}
+    for v, n in zip(nest.vars, nest.extents):
+        packed = {id(a) for a, _ in plans[v]}
+        costs[v] = _vector_cost([a if id(a) not in packed else _Access(a.buffer, v, a.weight, False, a.loops)
+                                 for a in accesses], v, lanes, n)
+        # a copy moves each packed element once (about one gather lane each), per output element
+        costs[v] += sum(prod(n for _, _, n in box) for _, box in plans[v]) / prod(nest.extents)
+    j = min(reversed(nest.vars), key=lambda v: costs[v])
+    if costs[j] == float("inf"):
+        body = _lane_reduction(nest)
+        if body is None:
+            return [stage]
+        return [Stage(stage.name, stage.buffer, _assemble(nest.loops[:-1] + [
+            For(nest.loops[-1].var, nest.loops[-1].lo, nest.loops[-1].extent, body)]))]
+    red = _innermost_reduction(nest.body)
+    if red is not None and red.kind == "serial" and isinstance(red.extent, Const) and _plain(red):
+        inner = [a for a in accesses if red in a.loops]
+        if _vector_cost(inner, red.var, lanes, red.extent.value) < costs[j] * 0.5:
+            # a row reduction: each element's reduction runs in vector lanes
+            body = reduce_in_lanes(nest.body)
+            if body is None:
+                return [stage]
+            return [Stage(stage.name, stage.buffer, _assemble(nest.loops[:-1] + [
+                For(nest.loops[-1].var, nest.loops[-1].lo, nest.loops[-1].extent, body)]))]
+    if plans[j] and sum(a.buffer.nbytes for a, _ in plans[j]) > PACK_MAX_BYTES:
+        dot = _dot_tiles(nest, j)          # a large copy costs more than horizontal sums
+        if dot is not None:
+            return [Stage(stage.name, stage.buffer, dot)]
+    body = _pack(if_to_select(nest.body, j, _loop_ranges(nest)), plans[j], taken, new_stages, new_buffers)
+    accesses = _accesses(body)
+    j_extent = nest.extents[nest.vars.index(j)]
+    lanes = _lanes([a for a in accesses if stride(a.index, j) != 0])
+    lanes = min(lanes, max(4, 1 << (j_extent - 1).bit_length()))
+    i = _gemm_rows(nest, body, j, accesses)
+    kb = var("k.b")
+    k_blocked = _k_blocked(body, stage.buffer, kb, j) if i is not None else None
+    if k_blocked is not None:
+        body, n_kb = k_blocked
+    mr = min(TILE_ROWS, nest.extents[nest.vars.index(i)]) if i is not None else 1
+    nr = min(TILE_VECTORS, -(-j_extent // lanes)) if i is not None else 1
+    jl = var(f"{j.name}.l")
+
+    tags = iter(range(1 << 30))
+
+    def jam(reps):
+        return _Jam(body, reps, set(reps[0]), f"{next(tags)}.").out
+
+    def simds(row_subs, base, n_cols):
+        """One tile: the rows ``row_subs`` by the columns ``base .. base + n_cols``
+        of ``j``, as full vectors jammed together and a masked last vector."""
+        full, rest = divmod(n_cols, lanes)
+        out = []
+        if full:
+            reps = [{**rs, j: add(add(base, _idx(c * lanes)), jl)} for c in range(full) for rs in row_subs]
+            out.append(Simd(jl, _idx(0), lanes, _idx(lanes), jam(reps)))
+        if rest:
+            reps = [{**rs, j: add(add(base, _idx(full * lanes)), jl)} for rs in row_subs]
+            out.append(Simd(jl, _idx(0), lanes, _idx(rest), jam(reps)))
+        return Block(tuple(out))
+
+    def columns(row_subs, wrap=lambda b: b):
+        """The column tiles of ``nr`` vectors along ``j`` for the rows ``row_subs``."""
+        return _tiled(j_extent, nr * lanes, var(f"{j.name}.o"),
+                      lambda base, n_cols: wrap(simds(row_subs, base, n_cols)))
+
+    def row_subs(base, n_rows):
+        return [{i: add(base, _idx(r))} for r in range(n_rows)]
+
+    blocked = _gather_block(nest, j, accesses) if i is None else None
+    if blocked is not None:               # gathers along j: visit a block of rows per column tile
+        b, b_extent = blocked
+        b_out, b_in = var(f"{b.name}.b"), var(f"{b.name}.i")
+        inner = _idx(GATHER_BLOCK) if b_extent % GATHER_BLOCK == 0 else minimum(
+            _idx(GATHER_BLOCK), sub(_idx(b_extent), mul(b_out, _idx(GATHER_BLOCK))))
+        row = {b: add(mul(b_out, _idx(GATHER_BLOCK)), b_in)}
+        tiles = columns([row], lambda blk: Block((For(b_in, _idx(0), inner, blk),)))
+        inner_loop = For(b_out, _idx(0), _idx(-(-b_extent // GATHER_BLOCK)), Block((tiles,)))
+        i = b
+    elif i is None:
+        inner_loop = columns([{}])
+    elif k_blocked is not None:        # column tiles, then K blocks, then row tiles
+        i_extent = nest.extents[nest.vars.index(i)]
+        inner_loop = _tiled(j_extent, nr * lanes, var(f"{j.name}.o"), lambda jb, nc: Block((
+            For(kb, _idx(0), _idx(n_kb), Block((
+                _tiled(i_extent, mr, var(f"{i.name}.o"), lambda ib, n: simds(row_subs(ib, n), jb, nc)),))),)))
+    else:
+        i_extent = nest.extents[nest.vars.index(i)]
+        inner_loop = _tiled(i_extent, mr, var(f"{i.name}.o"),
+                            lambda base, n: Block((columns(row_subs(base, n)),)))
+    # outer loops: the output loops other than i and j, then the i tiles, then the j tiles
+    outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
+    chain = outer + _loop_chain(inner_loop)
+    movable = {lp.var for lp in chain} - {kb}
+    return [Stage(stage.name, stage.buffer, _assemble(_choose_root(chain, movable), chain[-1].body))]
+
+
+_COMBINE_OPS = ("add", "mul", "max", "min")
+
+
+def _combine(assign: Assign):
+    """``(op, e)`` when ``assign`` is ``acc = acc op e`` with ``e`` not reading ``acc``."""
+    v = assign.value
+    while isinstance(v, Cast) and v.to == assign.local.dtype:
+        v = v.a
+    if not (isinstance(v, BinOp) and v.op in _COMBINE_OPS):
+        return None
+    for a, e in ((v.a, v.b), (v.b, v.a)):
+        if a is assign.local and assign.local not in free_leaves(e):
+            return v.op, e
+    return None
+
+
+def _perfect_nest(s):
+    """``(loops, innermost body)`` of a nest of constant-bound loops, each
+    holding only the next; None otherwise."""
+    loops = []
+    while isinstance(s, For) and isinstance(s.lo, Const) and isinstance(s.extent, Const):
+        loops.append(s)
+        body = s.body
+        inner = body.stmts[0] if isinstance(body, Block) and len(body.stmts) == 1 else body
+        if not isinstance(inner, For):
+            return loops, body
+        s = inner
+    return None
+
+
+def _lane_reduction(nest: _Nest):
+    """A stage that stores one element computed by a reduction (a loss): see
+    :func:`reduce_in_lanes`.  Returns the new element body or None."""
+    if any(n != 1 for n in nest.extents):
+        return None
+    return reduce_in_lanes(nest.body)
+
+
+def reduce_in_lanes(body: Block, min_trips: int = 0):
+    """Spread the iterations of the first reduction loop nest of ``body`` over
+    vector lanes: each lane combines its own share in order into its own
+    partial value per accumulator, the lanes are combined pairwise at the
+    end and the leftover iterations after that.  This reassociates the
+    reduction in a fixed way (the same for every run and thread count).  The
+    lanes run over the reduction loop along which the reads are most
+    contiguous; the loop along which the remaining gathers move least is put
+    innermost, so the lines a gather touches are reused; a long sum is added
+    up in blocks (the rounding error grows with the block, not the total).
+    Returns the new body or None when no loop nest qualifies."""
+    stmts = body.stmts
+    for k, s in enumerate(stmts):
+        found = _perfect_nest(s)
+        if found is None:
+            continue
+        loops, inner = found
+        inner_stmts = inner.stmts if isinstance(inner, Block) else (inner,)
+        declared = {x.local for x in _walk(inner) if isinstance(x, Alloc)}
+        writes = [x for x in _walk(inner) if isinstance(x, Assign) and x.local not in declared]
+        if not writes or any(x not in inner_stmts for x in writes) or \
+                len({x.local for x in writes}) != len(writes):
+            continue
+        accs = []
+        for w in writes:
+            comb = _combine(w)
+            init = [x for x in stmts[:k] if isinstance(x, Alloc) and x.local is w.local]
+            if comb is None or not init or not isinstance(init[0].init, Const):
+                break
+            accs.append((w.local, comb[0], init[0].init))
+        if len(accs) != len(writes) or any(isinstance(x, (For, Simd)) for x in _walk(inner)):
+            continue
+        accesses = _accesses(inner)
+        lanes = _lanes(accesses)
+        costs = {lp.var: _vector_cost(accesses, lp.var, lanes, lp.extent.value) for lp in loops}
+        v_loop = min(reversed(loops), key=lambda lp: costs[lp.var])
+        n = v_loop.extent.value
+        if costs[v_loop.var] == float("inf") or n < max(lanes, min_trips):
+            return None
+        rest = [lp for lp in loops if lp is not v_loop]
+        gathers = [a for a in accesses if stride(a.index, v_loop.var) not in (0, 1)]
+
+        def reuse(lp):
+            return sum(abs(stride(a.index, lp.var) or 1 << 20) * a.weight for a in gathers)
+
+        rest.sort(key=lambda lp: -reuse(lp))              # the gathers move least innermost
+        lane, block = var(f"{v_loop.var.name}.l"), var(f"{v_loop.var.name}.b")
+        full = n // lanes
+        parts = {acc: Local(f"{acc.name}.lanes", acc.dtype) for acc, _, _ in accs}
+        first = add(v_loop.lo, add(mul(block, _idx(lanes)), lane))
+        chain = [For(block, _idx(0), _idx(full), None)] + rest
+        if not rest and full >= 8 * SUM_RUN and full % SUM_RUN == 0:   # runs to add up in blocks
+            outer_b, inner_b = var(f"{v_loop.var.name}.bo"), var(f"{v_loop.var.name}.bi")
+            first = add(v_loop.lo, add(mul(add(mul(outer_b, _idx(SUM_RUN)), inner_b), _idx(lanes)), lane))
+            chain = [For(outer_b, _idx(0), _idx(full // SUM_RUN), None),
+                     For(inner_b, _idx(0), _idx(SUM_RUN), None)]
+        if all(op == "add" for _, op, _ in accs) and len(chain) > 1 and _trips(chain[-1]) >= 16:
+            runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in accs}
+            inner_body = _rewrite(inner, {v_loop.var: first, **runs})
+            last = chain[-1]
+            inner_body = Block(tuple(Alloc(runs[acc], ident) for acc, _, ident in accs) + (
+                For(last.var, last.lo, last.extent, _as_block(inner_body)),) + tuple(
+                Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in accs))
+            chain = chain[:-1]
+        else:
+            inner_body = _rewrite(inner, {v_loop.var: first, **parts})
+        for lp in reversed(chain):
+            inner_body = For(lp.var, lp.lo, lp.extent, _as_block(inner_body))
+        vector = Simd(lane, _idx(0), lanes, _idx(lanes), Block(
+            tuple(Alloc(parts[acc], ident) for acc, _, ident in accs) + (inner_body,) + tuple(
+                Assign(acc, _COMBINE[op](acc, LaneReduce(op, parts[acc], ident)))
+                for acc, op, ident in accs)))
+        out = [vector]
+        if n % lanes:                      # the leftover iterations, in masked lanes, after the rest
+            tail_body = _rewrite(inner, {v_loop.var: add(v_loop.lo, add(_idx(full * lanes), lane)), **parts})
+            for lp in reversed(rest):
+                tail_body = For(lp.var, lp.lo, lp.extent, _as_block(tail_body))
+            out.append(Simd(lane, _idx(0), lanes, _idx(n % lanes), Block(
+                tuple(Alloc(parts[acc], ident) for acc, _, ident in accs) + (tail_body,) + tuple(
+                    Assign(acc, _COMBINE[op](acc, LaneReduce(op, parts[acc], ident)))
+                    for acc, op, ident in accs))))
+        return Block(tuple(stmts[:k]) + tuple(out) + tuple(stmts[k + 1:]))
+    return None
+
+
+def _flat(stmts) -> Block:
+    """A block of ``stmts`` with nested blocks spliced in."""
+    out = []
+    for x in stmts:
+        out += x.stmts if isinstance(x, Block) else [x]
+    return Block(tuple(out))
+
+
+def _as_block(s):
+    return s if isinstance(s, Block) else Block((s,))
+
+
+def _dot_tiles(nest: _Nest, j: Var):
+    """Register tiles for ``C[i, j] = sum_k A[i, k] B[j, k]`` without copying
+    ``B``: a tile of ``DOT_TILE x DOT_TILE`` elements shares one reduction loop
+    (unroll and jam, as scalars), and that loop runs in vector lanes along
+    ``k``, where both operands are contiguous (:func:`reduce_in_lanes`);
+    each element's lanes are added pairwise at the end.  Returns the stage
+    body or None when the nest does not have that shape."""
+    k = nest.vars.index(j)
+    if k == 0 or any(isinstance(x, If) for x in _walk(nest.body)):
+        return None
+    i = nest.vars[k - 1]
+    i_extent, j_extent = nest.extents[k - 1], nest.extents[k]
+    tags = iter(range(1 << 30))
+    failed = []
+
+    def tile(ib, n_rows, jb, n_cols):
+        reps = [{i: add(ib, _idx(r)), j: add(jb, _idx(c))} for r in range(n_rows) for c in range(n_cols)]
+        jammed = _Jam(nest.body, reps, {i, j}, f"{next(tags)}.").out
+        out = reduce_in_lanes(jammed, min_trips=2 * SIMD_WIDTH_BYTES // 4)
+        if out is None:
+            failed.append(True)
+            return jammed
+        return out
+
+    inner = _tiled(j_extent, DOT_TILE, var(f"{j.name}.o"), lambda jb, nc: Block((
+        _tiled(i_extent, DOT_TILE, var(f"{i.name}.o"), lambda ib, nr_: tile(ib, nr_, jb, nc)),)))
+    if failed:
+        return None
+    outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
+    chain = outer + _loop_chain(inner)
+    return _assemble(_choose_root(chain), chain[-1].body)
+
+
+def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var):
+    """Split the reduction loop of a GEMM-like element body into blocks of
+    ``K_BLOCK`` iterations, block ``kb`` resuming from the partial sum left
+    in the output element by block ``kb - 1`` (the epilogue runs after the
+    last block).  Each element still adds its terms in the same order, so
+    the result is bit-identical; the tile loops can then run all row tiles
+    of one block while a ``K_BLOCK`` x tile-width slice of the other operand
+    stays in L1.  Returns ``(body, blocks)`` or None when the body is not
+    ``acc = init; for k: acc = acc + ...; out[idx] = f(acc)`` with a long loop."""
+    stmts = body.stmts
+    if len(stmts) < 3 or not isinstance(stmts[-1], Store) or stmts[-1].buffer is not out \
+            or stride(stmts[-1].index, j) != 1:          # partial sums go back as whole vectors
+        return None
+    loops = [k for k, x in enumerate(stmts) if isinstance(x, For)]
+    if len(loops) != 1 or loops[0] != len(stmts) - 2:
+        return None
+    loop = stmts[-2]
+    if not (isinstance(loop.lo, Const) and isinstance(loop.extent, Const)) \
+            or loop.extent.value <= K_BLOCK_MIN:
+        return None
+    writes = {x.local for x in _walk(loop) if isinstance(x, Assign)}
+    declared = {x.local for x in _walk(loop) if isinstance(x, Alloc)}
+    (acc,) = writes - declared if len(writes - declared) == 1 else (None,)
+    head = stmts[:-2]
+    if acc is None or acc.dtype != out.dtype or not all(
+            isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const) for x in head):
+        return None
+    store = stmts[-1]
+    n = loop.extent.value
+    blocks = -(-n // K_BLOCK)
+    lo = add(loop.lo, mul(kb, _idx(K_BLOCK)))
+    extent = _idx(K_BLOCK) if n % K_BLOCK == 0 else \
+        minimum(_idx(K_BLOCK), sub(_idx(n), mul(kb, _idx(K_BLOCK))))
+    first, last = compare("eq", kb, _idx(0)), compare("eq", kb, _idx(blocks - 1))
+    return Block((
+        Alloc(acc, None),
+        If(first, Block((Assign(acc, head[0].init),)), Block((Assign(acc, BufLoad(out, store.index)),))),
+        For(loop.var, lo, extent, loop.body, loop.kind),
+        If(last, Block((store,)), Block((Store(out, store.index, acc),))),
+    )), blocks
+
+
+def _gather_block(nest: _Nest, j: Var, accesses):
+    """The output loop to block when the element body gathers along ``j``:
+    the loop just outside ``j``, visited ``GATHER_BLOCK`` values at a time
+    inside each column tile, so the cache lines a gather touches (a
+    transposed read) are reused by the neighbouring rows.  None when the
+    gathers are a small part of the accesses or there is no such loop."""
+    k = nest.vars.index(j)
+    if k == 0:
+        return None
+    total = sum(a.weight for a in accesses)
+    gathered = sum(a.weight for a in accesses if stride(a.index, j) not in (0, 1))
+    b, n = nest.vars[k - 1], nest.extents[k - 1]
+    if gathered * 4 < total or n <= GATHER_BLOCK // 2:
+        return None
+    return b, n
+
+
+def _loop_chain(loop):
+    """A tile loop nest as a list of loops whose innermost carries the body."""
+    out = [loop]
+    while True:
+        body = out[-1].body
+        if isinstance(body, Block) and len(body.stmts) == 1 and isinstance(body.stmts[0], For):
+            out.append(body.stmts[0])
+        else:
+            return out
+
+
+def _choose_root(chain, movable=None):
+    """Move a loop with at least MIN_ROOT iterations outermost when the
+    outermost has fewer (loops over independent outputs, ``movable``, may be
+    reordered freely).  Returns the loop order; the body stays the innermost's."""
+    first = chain[0]
+    if _trips(first) >= MIN_ROOT:
+        return chain
+    for k, lp in enumerate(chain[1:], 1):
+        if (movable is None or lp.var in movable) and _trips(lp) >= MIN_ROOT and \
+                not _depends(stmt_exprs(lp), {x.var for x in chain[:k]}):
+            return [lp] + chain[:k] + chain[k + 1:]
+    return chain
+
+
+def _assemble(chain, body=None):
+    """Nest ``chain`` (outermost first), the outermost parallel, around
+    ``body`` (default: the body of the last loop of ``chain``)."""
+    body = chain[-1].body if body is None else body
+    for d in reversed(range(len(chain))):
+        lp = chain[d]
+        loop = For(lp.var, lp.lo, lp.extent, body, "parallel" if d == 0 else "serial")
+        body = loop if d == 0 else Block((loop,))
+    return body
+
+
+# --------------------------------------------------------------------- pass
+
+
+def schedule_stage(stage: Stage, taken: set, new_buffers: list) -> list:
+    """The scheduled form of one stage: a list of stages (packing copies first).
+    ``taken`` holds the buffer names in use; new temporaries join ``new_buffers``."""
+    nest = _nest(stage)
+    if nest is None or any(isinstance(s, Simd) for s in _walk(stage.body)):
+        return [stage]                   # not as lowered, or scheduled already
+    split = _split_reduction(nest, stage, taken, new_buffers)
+    if split is not None:
+        return split
+    new_stages = []
+    out = _schedule_nest(nest, stage, taken, new_stages, new_buffers)
+    packed = [s for st in new_stages for s in schedule_stage(st, taken, new_buffers)]
+    return packed + out
+
+
+def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list):
+    """A stage that reduces a large domain to one element (a loss) would run on
+    one thread.  Its outermost reduction loop is cut into ``P`` equal parts,
+    a fixed number that does not depend on the thread count: a first stage
+    computes the ``P`` partial results in parallel (each in vector lanes,
+    :func:`reduce_in_lanes`) into a temporary, a second combines them in
+    order.  Every run and thread count adds the same numbers in the same
+    order.  Returns the two stages or None."""
+    if any(n != 1 for n in nest.extents):
+        return None
+    stmts = nest.body.stmts
+    for k, s in enumerate(stmts):
+        found = _perfect_nest(s)
+        if found is None:
+            continue
+        loops, inner = found
+        outer = loops[0]
+        total = prod(lp.extent.value for lp in loops)
+        parts = next((p for p in SPLIT_PARTS if outer.extent.value % p == 0), None)
+        if parts is None or total < SPLIT_MIN_WORK:
+            return None
+        declared = {x.local for x in _walk(inner) if isinstance(x, Alloc)}
+        writes = [x for x in _walk(inner) if isinstance(x, Assign) and x.local not in declared]
+        if len(writes) != 1 or _combine(writes[0]) is None:
+            return None
+        acc, (op, _) = writes[0].local, _combine(writes[0])
+        init = [x for x in stmts[:k] if isinstance(x, Alloc) and x.local is acc]
+        if not init or not isinstance(init[0].init, Const) or any(
+                isinstance(x, (Alloc, Assign)) and x.local is not acc for x in stmts[:k]):
+            return None
+        chunk = outer.extent.value // parts
+        name, n = f"{stage.name}.parts", 1
+        while name in taken:
+            name, n = f"{stage.name}.parts{n}", n + 1
+        taken.add(name)
+        buf = Buffer(name, (parts,), acc.dtype, "temp")
+        new_buffers.append(buf)
+        p, r = var("p"), var(f"{outer.var.name}.c")
+        part_loop = _rewrite(For(r, _idx(0), _idx(chunk), outer.body, outer.kind),
+                             {outer.var: add(add(mul(p, _idx(chunk)), outer.lo), r)})
+        body = Block((init[0], part_loop, Store(buf, p, acc)))
+        body = reduce_in_lanes(body) or body
+        first = Stage(name, buf, For(p, _idx(0), _idx(parts), body, "parallel"))
+        q = var("q")
+        combine = For(q, _idx(0), _idx(parts), Block((Assign(acc, _COMBINE[op](acc, BufLoad(buf, q))),)))
+        rest = Block(tuple(stmts[:k]) + (combine,) + tuple(stmts[k + 1:]))
+        second = Stage(stage.name, stage.buffer, _assemble(nest.loops[:-1] + [
+            For(nest.loops[-1].var, nest.loops[-1].lo, nest.loops[-1].extent, rest)]))
+        return [first, second]
+    return None
+
+
+def schedule(program: Program) -> Program:
+    """``program`` with every stage scheduled (see the module doc); a pure function."""
+    stages, new_buffers = [], []
+    taken = {b.name for b in program.buffers}
+    for st in program.stages:
+        stages += schedule_stage(st, taken, new_buffers)
+    return Program(program.name, program.buffers + tuple(new_buffers), tuple(stages),
+                   program.results, program.checks)
