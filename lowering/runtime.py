@@ -32,13 +32,15 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
-from .loop_ir import Block, Const, For, If, Program, Simd
+from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
 from .lower import lower, validate
 from .schedule import schedule
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
-PARALLEL_WORK = 1 << 15          # estimated inner iterations below which a stage runs serially
-PARALLEL_WORK_OPENMP = 1 << 12   # the same when libgomp splits stages (a region costs ~2 us)
+PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
+                                 # below which a stage runs on one thread (Python pool: ~30 us)
+PARALLEL_WORK_OPENMP = 1 << 13   # the same when libgomp splits stages (a region costs ~2 us,
+                                 # waking a sleeping thread much more)
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p)
@@ -70,12 +72,23 @@ def _new_target_machine():
 _openmp = False
 
 
+GOMP_SPINCOUNT = "10000"        # libgomp's idle spin before a thread sleeps (its default: 300000)
+
+
 def _load_openmp():
     """Use libgomp's thread team for split stages when it is installed (a
     region costs about a microsecond instead of tens through Python threads);
-    ``TE_OPENMP=0`` turns it off."""
+    ``TE_OPENMP=0`` turns it off.  Unless ``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT`` is set, idle threads spin for ``GOMP_SPINCOUNT``
+    rounds (tens of microseconds: enough between the stages and calls of a
+    kernel) and then sleep: with libgomp's default (milliseconds of spinning),
+    a busy machine where another process takes a core makes every split
+    stage wait for a descheduled thread while its partner spins, and kernels
+    run tens of times slower."""
     global _openmp
     path = ctypes.util.find_library("gomp")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
     if path and os.environ.get("TE_OPENMP", "1") != "0":
         try:
             llvm.load_library_permanently(path)
@@ -168,10 +181,29 @@ _WORK = {
 }
 
 
+_EXPENSIVE = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "pow"}
+
+
 def _work(stmt) -> int:
-    """Estimated innermost iterations of a statement (unknown extents count 16)."""
+    """Estimated cost of a statement: innermost iterations (unknown extents
+    count 16) times :func:`_ops` of each statement."""
     rule = _WORK.get(type(stmt))
-    return 1 if rule is None else rule(stmt)
+    return _ops(stmt) if rule is None else rule(stmt)
+
+
+def _ops(stmt) -> int:
+    """A quarter of the float operations of one statement (index arithmetic is
+    free, a load counts 4, a transcendental function 64)."""
+    seen, stack, total = set(), list(stmt_exprs(stmt)), 0
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.dtype.startswith("float"):
+            total += 64 if getattr(e, "op", None) in _EXPENSIVE else 4 if hasattr(e, "buffer") else 1
+        stack += children(e)
+    return max(1, total // 4)
 
 
 def _chunks(extent: int, parts: int, align: int) -> list:
