@@ -506,22 +506,32 @@ def _rewrite(s, mapping):
     raise TypeError(f"cannot rewrite {type(s).__name__}")
 
 
-def _simplify_loads(e):
-    """Collect the affine part of every load index in ``e``."""
-    loads = {}
+def _map_loads(e, fn):
+    """``e`` with every buffer load ``x`` replaced by ``fn(x)`` (``None`` keeps it);
+    each distinct node is visited once."""
+    found = {}
     stack, seen = [e], set()
     while stack:
         x = stack.pop()
         if x in seen:
             continue
         seen.add(x)
-        if isinstance(x, BufLoad):
-            loads[x] = BufLoad(x.buffer, simplify_index(x.index))
-        elif isinstance(x, GuardedLoad):
-            loads[x] = GuardedLoad(x.buffer, simplify_index(x.index), x.cond)
+        if isinstance(x, (BufLoad, GuardedLoad)):
+            new = fn(x)
+            if new is not None and new is not x:
+                found[x] = new
         stack += children(x)
-    changed = {k: v for k, v in loads.items() if k is not v}
-    return substitute(e, changed) if changed else e
+    return substitute(e, found) if found else e
+
+
+def _with_load(x, buf, index):
+    """A load like ``x`` (plain or guarded) of ``buf[index]``."""
+    return BufLoad(buf, index) if isinstance(x, BufLoad) else GuardedLoad(buf, index, x.cond)
+
+
+def _simplify_loads(e):
+    """Collect the affine part of every load index in ``e``."""
+    return _map_loads(e, lambda x: _with_load(x, x.buffer, simplify_index(x.index)))
 
 
 # ------------------------------------------------------------------ packing
@@ -593,18 +603,8 @@ def _linear(indices, shape):
 
 def _replace_loads(body, replace):
     def fix(e):
-        found = {}
-        stack, seen = [e], set()
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if isinstance(x, (BufLoad, GuardedLoad)) and (x.buffer, x.index) in replace:
-                buf, ix = replace[(x.buffer, x.index)]
-                found[x] = BufLoad(buf, ix) if isinstance(x, BufLoad) else GuardedLoad(buf, ix, x.cond)
-            stack += children(x)
-        return substitute(e, found) if found else e
+        return _map_loads(e, lambda x: _with_load(x, *replace[(x.buffer, x.index)])
+                          if (x.buffer, x.index) in replace else None)
 
     def go(s):
         if isinstance(s, Block):

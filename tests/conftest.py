@@ -77,3 +77,19 @@ def time_limit(seconds):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def conv2d(N=1, C=4, F=4, size=12, K=3, stride=1, dilation=1, pad=1, dtype="float32"):
+    """NCHW conv2d with zero padding (a guard), stride and dilation: ``(X, W), Y``."""
+    X = te.placeholder((N, C, size, size), dtype=dtype, name="X")
+    W = te.placeholder((F, C, K, K), dtype=dtype, name="W")
+    out = (size + 2 * pad - dilation * (K - 1) - 1) // stride + 1
+    c, ky, kx = te.reduce_axis(C, "c"), te.reduce_axis(K, "ky"), te.reduce_axis(K, "kx")
+
+    def body(n, f, y, x):
+        iy = y * stride + ky * dilation - pad
+        ix = x * stride + kx * dilation - pad
+        inside = te.all(iy >= 0, iy < size, ix >= 0, ix < size)
+        return te.sum(te.if_then_else(inside, X[n, c, iy, ix], 0.0) * W[f, c, ky, kx], axis=[c, ky, kx])
+
+    return (X, W), te.compute((N, F, out, out), body, name="Y")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import te_autodiff as te
+from conftest import conv2d
 
 
 def iters(inputs, outputs) -> int:
@@ -49,23 +50,6 @@ def dense(n=32, m=64, p=16):
     dX = te.compute((n, m), lambda i, c: te.sum(H[i, jj] * W[jj, c], axis=jj), name="dX_hand")
     dW = te.compute((p, m), lambda j, c: te.sum(H[ii, j] * X[ii, c], axis=ii), name="dW_hand")
     return (X, W), Y, H, (dX, dW)
-
-
-def conv2d(N=1, C=4, F=4, size=12, K=3, stride=1, dilation=1, pad=1):
-    """NCHW conv2d with zero padding (a guard), stride and dilation."""
-    X = te.placeholder((N, C, size, size), name="X")
-    W = te.placeholder((F, C, K, K), name="W")
-    out = (size + 2 * pad - dilation * (K - 1) - 1) // stride + 1
-    c, ky, kx = te.reduce_axis(C, "c"), te.reduce_axis(K, "ky"), te.reduce_axis(K, "kx")
-
-    def body(n, f, y, x):
-        iy = y * stride + ky * dilation - pad
-        ix = x * stride + kx * dilation - pad
-        inside = te.all(iy >= 0, iy < size, ix >= 0, ix < size)
-        return te.sum(te.if_then_else(inside, X[n, c, iy, ix], 0.0) * W[f, c, ky, kx], axis=[c, ky, kx])
-
-    Y = te.compute((N, F, out, out), body, name="Y")
-    return (X, W), Y
 
 
 def maxpool(N=2, C=3, size=16):

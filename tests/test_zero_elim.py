@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import te_autodiff as te
+from conftest import conv2d as shared_conv2d
 
 F64 = "float64"
 RNG = np.random.default_rng(1234)
@@ -235,18 +236,8 @@ def test_max_pool_2x2_stride_2():
 
 
 def conv2d(N, C, F, size, K, stride, dilation, pad):
-    X = te.placeholder((N, C, size, size), dtype=F64, name="X")
-    W = te.placeholder((F, C, K, K), dtype=F64, name="W")
-    out = (size + 2 * pad - dilation * (K - 1) - 1) // stride + 1
-    c, ky, kx = te.reduce_axis(C, "c"), te.reduce_axis(K, "ky"), te.reduce_axis(K, "kx")
-
-    def body(n, f, y, x):
-        iy = y * stride + ky * dilation - pad
-        ix = x * stride + kx * dilation - pad
-        inside = te.all(iy >= 0, iy < size, ix >= 0, ix < size)
-        return te.sum(te.if_then_else(inside, X[n, c, iy, ix], 0.0) * W[f, c, ky, kx], axis=[c, ky, kx])
-
-    return X, W, te.compute((N, F, out, out), body, name="Y")
+    (X, W), Y = shared_conv2d(N, C, F, size, K, stride, dilation, pad, dtype=F64)
+    return X, W, Y
 
 
 def conv2d_numpy(x, w, h, stride, dilation, pad):
