@@ -182,7 +182,10 @@ def _cmp(fe, e, a, b):
 
 def _sigmoid(fe, x):
     """``1 / (1 + e^-x)`` for x >= 0 and ``e^x / (1 + e^x)`` below (no overflow:
-    tiny results keep their precision down to the subnormals)."""
+    tiny results keep their precision down to the subnormals).  float32: the
+    inline code of ``fast_math.py`` (no division)."""
+    if _element(x.type) == VALUE_TYPE["float32"]:
+        return fe.math("sigmoid", [x])
     one = ir.Constant(x.type, 1.0)
     e = fe.math("exp", [fe.b.fneg(fe.math("abs", [x]))])
     top = fe.b.select(fe.b.fcmp_ordered(">=", x, ir.Constant(x.type, 0.0)), one, e)
@@ -722,6 +725,8 @@ def _buffers_of(stage: Stage) -> list:
     seen = {stage.buffer: None}
     visited = set()
     for s in walk(stage.body):
+        if isinstance(s, Store):            # a fused stage stores into several buffers
+            seen.setdefault(s.buffer, None)
         stack = list(stmt_exprs(s))
         while stack:
             e = stack.pop()

@@ -24,6 +24,8 @@ from te_autodiff.visit import children as te_children
 LOOP_KINDS = ("serial", "parallel", "vectorize")
 SIMD_WIDTH_BYTES = 64            # one AVX-512 register: 16 float32 or 8 float64 lanes
 BUFFER_KINDS = ("input", "output", "temp")
+STAGE_BUDGET = 256               # expression nodes of one stage body: LLVM's compile time grows faster
+                                 # than linearly with one loop body, so lowering and fusion stop here
 
 
 @dataclass(frozen=True, eq=False)
@@ -266,6 +268,30 @@ def stmt_exprs(s) -> tuple:
     return _STMT_EXPRS[type(s)](s)
 
 
+def map_stmt(s, expr, local=lambda x: x):
+    """``s`` rebuilt with every expression it evaluates passed through ``expr``
+    and every local it declares or assigns through ``local`` (nested
+    statements included); the one statement walker the passes share."""
+    if isinstance(s, Block):
+        return Block(tuple(map_stmt(x, expr, local) for x in s.stmts))
+    if isinstance(s, For):
+        return For(s.var, expr(s.lo), expr(s.extent), map_stmt(s.body, expr, local), s.kind)
+    if isinstance(s, Simd):
+        return Simd(s.var, expr(s.lo), s.lanes, expr(s.count), map_stmt(s.body, expr, local))
+    if isinstance(s, If):
+        return If(expr(s.cond), map_stmt(s.then, expr, local),
+                  None if s.else_ is None else map_stmt(s.else_, expr, local))
+    if isinstance(s, Store):
+        return Store(s.buffer, expr(s.index), expr(s.value))
+    if isinstance(s, Alloc):
+        return Alloc(local(s.local), None if s.init is None else expr(s.init), s.let)
+    if isinstance(s, Assign):
+        return Assign(local(s.local), expr(s.value))
+    if isinstance(s, Check):
+        return Check(expr(s.index), s.extent, s.code, s.tensor, s.dim)
+    raise TypeError(f"cannot rebuild {type(s).__name__}")
+
+
 # ------------------------------------------------------------------- printing
 
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
@@ -500,7 +526,8 @@ def simplify_index(e: Expr) -> Expr:
         return e
     terms, constant = form
     order = [n for n in _preorder(e) if n in terms]
-    return from_linear({a: terms[a] for a in dict.fromkeys(order)}, constant, e.dtype)
+    out = from_linear({a: terms[a] for a in dict.fromkeys(order)}, constant, e.dtype)
+    return out if out.dtype == e.dtype else Cast(e.dtype, out)     # int64(x[i]) stays int64
 
 
 def _preorder(e):

@@ -27,6 +27,10 @@ reduction (sum, max, min, prod, argmax)      buffer
 reduction lifted out of a formula, read at   computed in place, as written
 one site once per element of its reader
 (and nothing else needs it)
+a test of the element's position (padding,   buffer: in a convolution the test
+``p ? X[...] : 0``) read inside reductions   would run in the innermost loop and
+``PAD_STORE_READS`` times or more per        keep the schedule from tiling the
+element                                      output columns; the copy is one pass
 elementwise, trivial (work <= 1: a load,     inlined, even inside a reduction
 a padding select, a cast, one cheap op)
 elementwise, cheap (work <= 3, no            inlined unless read inside a
@@ -80,13 +84,13 @@ from te_autodiff.visit import children, rebuild, substitute, topo_order
 
 from .bounds_check import Scope, check_tensor, in_bounds, is_index_only
 from .schedule import schedule as schedule_program
-from .loop_ir import (Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program, Stage,
-                      Store, children as loop_children)
+from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program,
+                      Stage, Store, children as loop_children)
 
 TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
 CHEAP_WORK = 3              # inlined when not read inside a reduction
-STAGE_BUDGET = 256          # nodes of one stage's body past which producers are stored
+PAD_STORE_READS = 16        # a padding select read this often per element inside reductions is stored
 _COMBINE = {"sum": add, "prod": mul, "max": maximum, "min": minimum}
 
 
@@ -154,6 +158,33 @@ def _reads(t) -> dict:
     return {p: (len(sites), red) for p, (sites, red) in out.items()}
 
 
+def _reduction_reads(t) -> dict:
+    """For each tensor ``t`` reads inside a reduction: its reads per element of
+    ``t``, counting the iterations of the enclosing reductions (an extent that
+    is not a constant counts once)."""
+    out = {}
+    stack, seen = [(t.body, 1)], set()
+    while stack:
+        e, trips = stack.pop()
+        if (e, trips) in seen:
+            continue
+        seen.add((e, trips))
+        if isinstance(e, Load) and trips > 1:
+            out[e.tensor] = out.get(e.tensor, 0) + trips
+        if isinstance(e, Reduce):
+            inner = trips * math.prod(x.value for _, x in e.doms if isinstance(x, Const))
+            stack += [(x, trips) for dom in e.doms for x in dom] + [(e.body, inner)]
+        else:
+            stack += [(c, trips) for c in children(e)]
+    return out
+
+
+def _position_test(t) -> bool:
+    """Whether ``t`` is ``cond ? a : b`` with ``cond`` a test of the element's
+    position alone (a padding or boundary select)."""
+    return isinstance(t.body, Select) and is_index_only(t.body.cond)
+
+
 def _has_reduction(t) -> bool:
     return any(isinstance(x, Reduce) for x in topo_order([t.body]))
 
@@ -207,7 +238,7 @@ class Plan:
         # readers first: how often each tensor is evaluated and whether inside a
         # reduction; the stages (hosts) its body would be emitted into, how many
         # copies of it, and the size each stage has reached
-        evals, in_reduce, copies, hosts, stage_size = {}, {}, {}, {}, {}
+        evals, in_reduce, copies, hosts, stage_size, red_reads = {}, {}, {}, {}, {}, {}
         self.inlined, self.in_place = set(), set()
         for t in reversed(computes):
             n, red = evals.get(t, 0), in_reduce.get(t, False)
@@ -218,8 +249,9 @@ class Plan:
                 pass
             elif t in elementwise:
                 w = self.work[t]
-                if t in recompute or (fits and (w <= TRIVIAL_WORK or (w <= CHEAP_WORK and not red)
-                                                or once)):
+                padding = red_reads.get(t, 0) >= PAD_STORE_READS * math.prod(t.shape) and _position_test(t)
+                cheap = w <= TRIVIAL_WORK or (w <= CHEAP_WORK and not red) or once
+                if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
             elif t in parts and once:
                 self.in_place.add(t)
@@ -230,6 +262,8 @@ class Plan:
             else:
                 n, red, mult, where = math.prod(t.shape), False, 1, {t}
                 stage_size[t] = size[t]
+            for p, k in _reduction_reads(t).items():
+                red_reads[p] = red_reads.get(p, 0) + n * k
             for p, (k, inside) in _reads(t).items():
                 evals[p] = evals.get(p, 0) + n * k
                 in_reduce[p] = in_reduce.get(p, False) or inside or red

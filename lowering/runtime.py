@@ -3,7 +3,13 @@
 Compiled programs are cached by their typed loop IR text, so building the
 same program twice in a process runs LLVM once.  Stages run in order; a stage
 with enough work is split into contiguous chunks of its parallel root loop
-across ``TE_NUM_THREADS`` threads (default ``min(2, os.cpu_count())``).
+across ``TE_NUM_THREADS`` threads (default ``min(2, os.cpu_count())``).  A
+kernel estimated to take less than ``SERIAL_KERNEL_US`` on one thread runs
+every stage on the calling thread: each split stage costs a fork and a join
+and moves half of its data between cores, more than such a kernel saves.
+Otherwise every stage with more than a trivial amount of work is split, small
+ones included: stages split along the same axis find the data the previous
+one wrote in their own core's cache.
 
 A kernel call is one native call when libgomp is installed: ``run_stages``
 runs every stage and hands a large one to libgomp's thread team
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
+from .codegen_llvm import RUN_STAGES, _buffers_of, chunk_align, emit_module, stage_symbol
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
 from .lower import lower, validate
 from .schedule import schedule
@@ -39,8 +45,9 @@ from .schedule import schedule
 CACHE_SIZE = 256                 # compiled programs kept for reuse
 PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
                                  # below which a stage runs on one thread (Python pool: ~30 us)
-PARALLEL_WORK_OPENMP = 1 << 13   # the same when libgomp splits stages (a region costs ~2 us,
-                                 # waking a sleeping thread much more)
+PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs ~2 us)
+SERIAL_KERNEL_US = 64            # kernels estimated (_estimate_us) to take less than this on one
+                                 # thread run on one thread
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p)
@@ -220,30 +227,58 @@ class _StagePlan:
     align: int
 
 
+def _estimate_us(stage) -> float:
+    """Estimated time of a stage on one thread, in microseconds: its work
+    (:func:`_work`; about 12 units per ns in a register-tiled loop) plus the
+    bytes of the buffers it touches at about 60 GB/s (L2)."""
+    return _work(stage.body) / 12e3 + sum(b.nbytes for b in _buffers_of(stage)) / 60e3
+
+
 def plan_stages(program: Program, compiled: Compiled) -> list:
+    """How each stage runs: a stage is split across threads when its root loop
+    is parallel and it has enough work, in a kernel that is not small (see
+    the module doc)."""
+    small = sum(_estimate_us(st) for st in program.stages) < SERIAL_KERNEL_US
+    threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK
     plans = []
     for stage, fn in zip(program.stages, compiled.stages):
         root = stage.body
         parallel = isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const)
         extent = root.extent.value if parallel else 1
-        threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK
-        plans.append(_StagePlan(fn, extent, parallel and extent > 1 and _work(root) >= threshold,
-                                chunk_align(stage)))
+        split = not small and parallel and extent > 1 and _work(root) >= threshold
+        plans.append(_StagePlan(fn, extent, split, chunk_align(stage)))
     return plans
 
 
 # ----------------------------------------------------------------- execution
 
 
-def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
+def data_address(a: np.ndarray) -> int:
+    """The data address of a contiguous array, through a ctypes view of its
+    buffer (0.2 us; ``a.ctypes.data`` takes 0.9 us, which adds up over the
+    arrays of a call); numpy's for a read-only or empty array."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):
+        return a.ctypes.data
+
+
+def _aligned(shape, dtype, align: int = 64):
+    """An uninitialised C-contiguous array whose data starts on an
+    ``align``-byte boundary, and that address."""
     dtype = np.dtype(dtype)
     nbytes = dtype.itemsize
     for n in shape:
         nbytes *= n
     raw = np.empty(nbytes + align, np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return np.ndarray(shape, dtype, raw, offset)
+    base = data_address(raw)
+    offset = -base % align
+    return np.ndarray(shape, dtype, raw, offset), base + offset
+
+
+def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
+    return _aligned(shape, dtype, align)[0]
 
 
 def execute(program: Program, plans: list, arrays: list) -> dict:
@@ -285,10 +320,12 @@ def _raise_check(program: Program, code: int, index: int):
 
 class _Runner:
     """A kernel's calls with the per-call work precomputed: the buffer table
-    layout, the output allocations, the temporaries (one 64-byte-aligned block,
-    reused by later calls on the same thread), and the steps: a stretch of
-    stages that each run on one thread is one native call (``run_stages``);
-    a stage with enough work is split across the thread pool."""
+    (one per calling thread, its temporaries' slots filled in once: one
+    64-byte-aligned block reused by later calls on that thread), the output
+    allocations, and the steps: a stretch of stages that each run on one
+    thread is one native call (``run_stages``); a stage with enough work is
+    split across the thread pool.  A call fills in the input and output
+    addresses and makes one native call (5 to 15 us of Python in all)."""
 
     def __init__(self, program: Program, compiled: Compiled, plans: list):
         self.program = program
@@ -330,27 +367,24 @@ class _Runner:
             self.steps_for[threads] = steps
         return steps
 
-    def temps(self) -> list:
-        """``[(slot, address)]`` of the temporaries for this thread."""
-        cached = getattr(self.local, "temps", None)
-        if cached is None:
-            block = aligned_empty((max(self.temp_bytes, 1),), np.uint8)
-            base = block.ctypes.data
-            cached = self.local.temps = (block, [(k, base + off) for k, off in self.temp_offsets])
-        return cached[1]
+    def table(self):
+        """This thread's buffer table, the temporaries' slots filled in."""
+        table = getattr(self.local, "table", None)
+        if table is None:
+            block, base = _aligned((max(self.temp_bytes, 1),), np.uint8)
+            table = self.local.table = self.table_type()
+            for k, off in self.temp_offsets:
+                table[k] = base + off
+            self.local.block = block
+        return table
 
     def __call__(self, arrays):
-        ptrs = [0] * self.n
+        table = self.table()
         for k, a in zip(self.input_slots, arrays):
-            ptrs[k] = a.ctypes.data
+            table[k] = data_address(a)
         arrays_by_slot = dict(zip(self.input_slots, arrays))
         for k, shape, dtype in self.outputs:
-            out = aligned_empty(shape, dtype)
-            arrays_by_slot[k] = out
-            ptrs[k] = out.ctypes.data
-        for k, address in self.temps():
-            ptrs[k] = address
-        table = self.table_type(*ptrs)
+            arrays_by_slot[k], table[k] = _aligned(shape, dtype)
         threads = num_threads()
         if self.compiled.openmp:                # the whole kernel in one native call
             err = (ctypes.c_int64 * (2 * threads))()

@@ -27,8 +27,10 @@ Rules, in the order they are tried for a stage:
 3. **Vector axis.**  Each output axis is scored by the element body's memory
    accesses, weighted by how often they run: an index that does not move
    with the axis is a broadcast (nearly free), one that moves by one element
-   a vector access (1), any other a gather or scatter (one per lane), plus
-   the cost of copying packed operands (rule 5).  The innermost reduction
+   a vector access (1), any other a gather (one per lane) or a scatter (two
+   per lane: a transposing copy gathers, in blocks, rule 8); one more when
+   a test around the access differs between lanes (masked work); plus the
+   cost of copying packed operands (rule 5).  The innermost reduction
    loop is scored the same way: when it wins (a row reduction such as a
    softmax denominator) each element's reduction runs in vector lanes
    (:func:`reduce_in_lanes`).  Otherwise the best output axis ``j`` becomes
@@ -53,12 +55,34 @@ Rules, in the order they are tried for a stage:
    accumulators stay in vector registers, each vector load serves ``MR``
    rows and each broadcast ``NR`` vectors.  A statement is repeated only
    over the tile positions it depends on (:class:`_Jam`); remainder rows and
-   columns get their own, smaller tiles.
-7. **K blocks.**  A GEMM reduction longer than ``K_BLOCK_MIN`` is cut into
-   blocks of ``K_BLOCK``, each resuming from the partial sums left in the
-   output, and the loops are ordered column tiles, K blocks, row tiles: a
-   ``K_BLOCK`` x tile-width slice of the packed operand stays in L1
-   (:func:`_k_blocked`; the same additions in the same order).
+   columns get their own, smaller tiles.  Among the candidates for ``i``,
+   one whose tests can be peeled (6b) is preferred, then one along which the
+   broadcast loads move least: neighbouring rows share cache lines (the
+   output columns of a convolution, not its batch) (:func:`_gemm_rows`).
+
+   a. **Panels.**  The operand read in vector lanes is copied into column
+      panels ``P[j tile][k...][NR vectors]`` and a broadcast operand whose
+      rows are adjacent but whose reduction steps are not (``A[k, i]``) into
+      row panels ``P[i tile][k...][MR]``, when it is larger than L1
+      (``PANEL_MIN_BYTES``) and re-read ``PACK_MIN_REUSE`` times: each tile
+      then reads one contiguous, aligned block per operand (no cache-set
+      conflicts between rows a power of two apart, no split loads from
+      unaligned inputs).  Transposed copies (rule 5) take the panel layout.
+      The loops are ordered column tiles, then row tiles, so a column
+      panel stays in cache while the rows pass (:func:`_panel_plan`).
+   b. **Peeling.**  Tests that read ``i`` (padding, ``0 <= i + d - 2 < H``
+      for every tap ``d``) hold on an interior range of ``i``: the row range
+      is cut into border, interior (whole tiles, without those tests) and
+      border (:func:`_peeled`).
+7. **K blocks and row blocks.**  A GEMM reduction longer than ``K_BLOCK_MIN``
+   is cut into equal blocks of at most ``K_BLOCK``, each resuming from the
+   partial sums left in the output, and the loops are ordered column tiles,
+   K blocks, row tiles: a block x tile-width slice of the packed operand
+   stays in L1 (:func:`_k_blocked`; the same additions in the same order).
+   With several column tiles and a row operand larger than
+   ``ROW_BLOCK_BYTES``, the row tiles are visited in a power-of-two number
+   of blocks outside the column tiles, each block staying in L2 while the
+   column panels pass (:func:`_row_blocks`).
 8. **Gather blocks.**  When the vector loop gathers (a transposed read), the
    loop outside it is visited ``GATHER_BLOCK`` rows at a time inside each
    column tile, so the lines a gather touches are reused (:func:`_gather_block`).
@@ -77,12 +101,13 @@ from math import prod
 import numpy as np
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import (BinOp, Cast, Const, Select, Var, add, compare, const, logic_and,
+from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Logic, Select, Var, add, compare, const, logic_and,
                               logic_not, maximum, minimum, mul, select, sub, var)
 
+from .fuse import fuse
 from .loop_ir import (SIMD_WIDTH_BYTES, Alloc, Assign, Block, Buffer, BufLoad, Check, For, GuardedLoad,
                       If, LaneReduce, Local, Program, Simd, Stage, Store, children, free_leaves, linear_form,
-                      simplify_index, stmt_exprs, stride, substitute)
+                      map_stmt, simplify_index, stmt_exprs, stride, substitute)
 
 UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
 MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop
@@ -90,12 +115,14 @@ GEMM_MIN_TRIPS = 8           # a reduction this long is worth register tiling
 TILE_ROWS = 8                # MR: rows of a register tile
 TILE_VECTORS = 2             # NR: vectors of a register tile
 PACK_MIN_REUSE = 4           # pack an operand only if it is re-read at least this often
+PANEL_MIN_BYTES = 1 << 16    # GEMM operands at least this large (more than L1) are read from panels
 SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
 SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element (a fixed number)
 SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split
 PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead
 DOT_TILE = 4                 # rows and columns of a dot-product register tile
 K_BLOCK = 256                # reduction iterations per block of a long GEMM reduction
+ROW_BLOCK_BYTES = 1 << 19    # GEMM row operands larger than this are visited in blocks (half of L2)
 K_BLOCK_MIN = 384            # longer reductions than this are blocked
 GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers
 
@@ -156,13 +183,14 @@ class _Access:
     weight: int               # times it runs per element
     store: bool
     loops: tuple              # reduction loops around it, outermost first
+    tested: frozenset = frozenset()   # the variables the tests around it read
 
 
 def _accesses(body) -> list:
     """Every load and store of an element body with its run count per element."""
     out = []
 
-    def exprs(es, weight, loops):
+    def exprs(es, weight, loops, tested):
         seen, stack = set(), list(es)
         while stack:
             e = stack.pop()
@@ -170,27 +198,28 @@ def _accesses(body) -> list:
                 continue
             seen.add(e)
             if isinstance(e, (BufLoad, GuardedLoad)):
-                out.append(_Access(e.buffer, e.index, weight, False, loops))
+                out.append(_Access(e.buffer, e.index, weight, False, loops, tested))
             stack += children(e)
 
-    def visit(s, weight, loops):
+    def visit(s, weight, loops, tested):
         if isinstance(s, Block):
             for x in s.stmts:
-                visit(x, weight, loops)
+                visit(x, weight, loops, tested)
         elif isinstance(s, For):
-            exprs(stmt_exprs(s), weight, loops)
-            visit(s.body, weight * _trips(s), loops + (s,))
+            exprs(stmt_exprs(s), weight, loops, tested)
+            visit(s.body, weight * _trips(s), loops + (s,), tested)
         elif isinstance(s, If):
-            exprs(stmt_exprs(s), weight, loops)
-            visit(s.then, weight, loops)
+            exprs(stmt_exprs(s), weight, loops, tested)
+            inside = tested | frozenset(free_leaves(s.cond))
+            visit(s.then, weight, loops, inside)
             if s.else_ is not None:
-                visit(s.else_, weight, loops)
+                visit(s.else_, weight, loops, inside)
         else:
             if isinstance(s, Store):
-                out.append(_Access(s.buffer, s.index, weight, True, loops))
-            exprs(stmt_exprs(s), weight, loops)
+                out.append(_Access(s.buffer, s.index, weight, True, loops, tested))
+            exprs(stmt_exprs(s), weight, loops, tested)
 
-    visit(body, 1, ())
+    visit(body, 1, (), frozenset())
     return out
 
 
@@ -208,7 +237,8 @@ def _vector_cost(accesses, v, lanes, extent) -> float:
     total = 0.0
     for a in accesses:
         s = stride(a.index, v)
-        total += a.weight * (0.1 if s == 0 else 1.0 if s == 1 else lanes)
+        total += a.weight * (0.1 if s == 0 else 1.0 if s == 1 else 2 * lanes if a.store else lanes)
+        total += a.weight if v in a.tested else 0     # a test that differs between lanes: masked work
     return total / (lanes * used)
 
 
@@ -481,29 +511,9 @@ class _Jam:
 def _rewrite(s, mapping):
     """Statement ``s`` with variables and locals replaced; indices simplified."""
     def e(x):
-        return _simplify_loads(substitute(x, mapping))
-
-    def ix(x):
-        return simplify_index(substitute(x, mapping))
-
-    if isinstance(s, Block):
-        return Block(tuple(_rewrite(x, mapping) for x in s.stmts))
-    if isinstance(s, For):
-        return For(s.var, e(s.lo), e(s.extent), _rewrite(s.body, mapping), s.kind)
-    if isinstance(s, If):
-        return If(e(s.cond), _rewrite(s.then, mapping),
-                  None if s.else_ is None else _rewrite(s.else_, mapping))
-    if isinstance(s, Store):
-        return Store(s.buffer, ix(s.index), _simplify_loads(e(s.value)))
-    if isinstance(s, Alloc):
-        return Alloc(mapping.get(s.local, s.local), None if s.init is None else _simplify_loads(e(s.init)))
-    if isinstance(s, Assign):
-        return Assign(mapping.get(s.local, s.local), _simplify_loads(e(s.value)))
-    if isinstance(s, Check):
-        return Check(ix(s.index), s.extent, s.code, s.tensor, s.dim)
-    if isinstance(s, Simd):
-        return Simd(s.var, e(s.lo), s.lanes, e(s.count), _rewrite(s.body, mapping))
-    raise TypeError(f"cannot rewrite {type(s).__name__}")
+        x = _simplify_loads(substitute(x, mapping))
+        return simplify_index(x) if x.dtype.startswith("int") else x
+    return map_stmt(s, e, lambda x: mapping.get(x, x))
 
 
 def _map_loads(e, fn):
@@ -537,59 +547,139 @@ def _simplify_loads(e):
 # ------------------------------------------------------------------ packing
 
 
+def _box(a: _Access, axis: Var, extent: int):
+    """The ``(variable, first, extent)`` of each dimension a copy of load ``a``
+    needs: the reduction loops its index reads (constant bounds), then
+    ``axis`` over ``0..extent``; None when the index reads anything else or
+    may leave the buffer."""
+    form = linear_form(a.index)
+    if a.store or not a.loops or form is None:
+        return None
+    terms, c0 = form
+    red = [lp for lp in a.loops if lp.var in terms]
+    names = {lp.var for lp in red}
+    if (any(atom is not axis and atom not in names for atom in terms) or len(names) != len(red)
+            or not all(isinstance(lp.lo, Const) and isinstance(lp.extent, Const) for lp in red)):
+        return None
+    box = [(lp.var, lp.lo.value, lp.extent.value) for lp in red] + [(axis, 0, extent)]
+    if any(n <= 0 for _, _, n in box):
+        return None
+    lo = c0 + sum(min(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in box)
+    hi = c0 + sum(max(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in box)
+    return box if 0 <= lo and hi < a.buffer.size else None
+
+
 def _pack_plan(nest: _Nest, j: Var, accesses) -> list:
     """The loads worth copying into a transposed temporary ``P[r..., j]``:
     gathers along ``j`` inside a reduction whose index reads only ``j`` and
     reduction variables with constant bounds (``B[j, k]`` in ``A @ B.T``),
     in bounds over the whole box, and re-read by the other output loops at
-    least ``PACK_MIN_REUSE`` times.  Returns ``[(access, box)]`` with ``box``
-    the ``(variable, first, extent)`` of each packed dimension, ``j`` last."""
+    least ``PACK_MIN_REUSE`` times.  Returns ``[(access, box, None)]`` with
+    ``box`` the ``(variable, first, extent)`` of each packed dimension, ``j``
+    last (:func:`_box`), and no panel (see :func:`_panel_plan`)."""
     j_extent = nest.extents[nest.vars.index(j)]
     if prod(nest.extents) // max(j_extent, 1) < PACK_MIN_REUSE:
         return []
     plan, seen = [], set()
     for a in accesses:
-        if a.store or not a.loops or stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
+        if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
             continue
-        terms, c0 = linear_form(a.index)
-        red = [lp for lp in a.loops if lp.var in terms]
-        names = {lp.var for lp in red}
-        if (any(atom is not j and atom not in names for atom in terms) or len(names) != len(red)
-                or not all(isinstance(lp.lo, Const) and isinstance(lp.extent, Const) for lp in red)):
-            continue
-        box = [(lp.var, lp.lo.value, lp.extent.value) for lp in red] + [(j, 0, j_extent)]
-        if any(n <= 0 for _, _, n in box):
-            continue
-        lo = c0 + sum(min(terms[v] * a0, terms[v] * (a0 + n - 1)) for v, a0, n in box)
-        hi = c0 + sum(max(terms[v] * a0, terms[v] * (a0 + n - 1)) for v, a0, n in box)
-        if lo < 0 or hi >= a.buffer.size:
-            continue
-        seen.add((a.buffer, a.index))
-        plan.append((a, box))
+        box = _box(a, j, j_extent)
+        if box is not None:
+            seen.add((a.buffer, a.index))
+            plan.append((a, box, None))
     return plan
 
 
+def _panel_plan(nest: _Nest, accesses, i: Var, j: Var, gathers, mr: int, width: int, tiles) -> list:
+    """The copies that give a register-tiled GEMM contiguous operands (rule 6a):
+    the operand read in vector lanes (moves with ``j``, not with ``i``) as
+    column panels ``P[j tile][r...][width]`` and a broadcast operand whose
+    tile rows are adjacent but whose reduction steps are not (``A[k, i]``)
+    as row panels ``P[i tile][r...][mr]``.  A tile's reduction then reads one
+    contiguous, aligned block per operand (no cache-set conflicts between
+    rows a large stride apart, no split loads from unaligned inputs), and
+    a column panel stays in L1 while the row tiles run.  Copied only when
+    the operand does not fit in L1 (``PANEL_MIN_BYTES``) and each element is
+    re-read ``PACK_MIN_REUSE`` times; a temporary already laid out as the
+    panel is read in place.  ``gathers`` (the transposed copies of
+    :func:`_pack_plan`) take the panel layout.  ``tiles`` are the tile
+    variables ``(j tile, i tile)`` the panel indices use.  Returns
+    ``[(access, box, (width, tile))]``."""
+    extents = dict(zip(nest.vars, nest.extents))
+    total = prod(nest.extents)
+    plan = [(a, box, (width, tiles[0])) for a, box, _ in gathers]
+    seen = {(a.buffer, a.index) for a, _, _ in gathers}
+    for a in accesses:
+        if (a.buffer, a.index) in seen or a.store or not a.loops:
+            continue
+        sj, si = stride(a.index, j), stride(a.index, i)
+        if sj == 1 and si == 0 and total // extents[j] // mr >= PACK_MIN_REUSE:
+            axis, size, tile = j, width, tiles[0]
+        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 \
+                and total // extents[i] // width >= PACK_MIN_REUSE:
+            axis, size, tile = i, mr, tiles[1]
+        else:
+            continue
+        box = _box(a, axis, extents[axis])
+        if box is None or prod(n for _, _, n in box) * np.dtype(a.buffer.dtype).itemsize < PANEL_MIN_BYTES:
+            continue
+        in_place = substitute(_panel_index(box, size, tile), {tile: _idx(0)})
+        if a.buffer.kind == "temp" and extents[axis] <= size and \
+                linear_form(in_place) == linear_form(a.index):
+            continue                        # already a panel
+        seen.add((a.buffer, a.index))
+        plan.append((a, box, (size, tile)))
+    return plan
+
+
+def _panel_index(box, size: int, tile: Var):
+    """Index of element ``(r..., t)`` of a box in panels ``P[tile][r...][size]``
+    with ``t = tile * size + (t mod size)``: ``t + r_lin * size + tile * (R - 1) * size``
+    (affine, as the tile variable is a loop of the schedule)."""
+    rest = prod(n for _, _, n in box[:-1])
+    out, step = add(box[-1][0], mul(tile, _idx((rest - 1) * size))), size
+    for v, a0, n in reversed(box[:-1]):
+        out = add(out, mul(add(v, _idx(-a0)), _idx(step)))
+        step *= n
+    return simplify_index(out)
+
+
 def _pack(body, plan, taken: set, new_stages, new_buffers):
-    """Apply a :func:`_pack_plan`: one copy stage and temporary per load; the
-    body with those loads reading the copies."""
+    """Apply a :func:`_pack_plan` or :func:`_panel_plan`: one copy stage and
+    temporary per load; the body with those loads reading the copies.  A
+    panel's last panel is padded with zeros."""
     replace = {}
-    for a, box in plan:
-        shape = tuple(n for _, _, n in box)
+    for a, box, panel in plan:
         name, k = f"{a.buffer.name}.packed", 1
         while name in taken:
             name, k = f"{a.buffer.name}.packed{k}", k + 1
         taken.add(name)
+        *red, (t, _, t_extent) = box
+        if panel is None:
+            shape = tuple(n for _, _, n in box)
+            axes = [var(f"p{d}") for d in range(len(box))]
+            at = {v: add(ax, _idx(a0)) for (v, a0, _), ax in zip(box, axes)}
+            index = simplify_index(_linear([add(v, _idx(-a0)) for v, a0, _ in box], shape))
+            cond = None
+        else:
+            size, tile = panel
+            shape = (-(-t_extent // size),) + tuple(n for _, _, n in red) + (size,)
+            axes = [var(f"p{d}") for d in range(len(shape))]
+            at = {v: add(ax, _idx(a0)) for (v, a0, _), ax in zip(red, axes[1:-1])}
+            at[t] = add(mul(axes[0], _idx(size)), axes[-1])
+            index = _panel_index(box, size, tile)
+            cond = None if t_extent % size == 0 else _lt(at[t], t_extent)
         packed = Buffer(name, shape, a.buffer.dtype, "temp")
         new_buffers.append(packed)
-        axes = [var(f"p{d}") for d in range(len(box))]
-        src = simplify_index(substitute(a.index, {v: add(ax, _idx(a0)) for (v, a0, _), ax in zip(box, axes)}))
-        stmt = Store(packed, _linear(axes, shape), BufLoad(a.buffer, src))
+        src = simplify_index(substitute(a.index, at))
+        value = BufLoad(a.buffer, src) if cond is None else GuardedLoad(a.buffer, src, cond)
+        stmt = Store(packed, _linear(axes, shape), value)
         for d in reversed(range(len(axes))):
             inner = stmt if d == len(axes) - 1 else Block((stmt,))
             stmt = For(axes[d], _idx(0), _idx(shape[d]), inner, "parallel" if d == 0 else "serial")
         new_stages.append(Stage(name, packed, stmt))
-        replace[(a.buffer, a.index)] = (packed, simplify_index(
-            _linear([add(v, _idx(-a0)) for v, a0, _ in box], shape)))
+        replace[(a.buffer, a.index)] = (packed, index)
     return _replace_loads(body, replace) if replace else body
 
 
@@ -626,44 +716,166 @@ def _replace_loads(body, replace):
     return go(body)
 
 
+# ------------------------------------------------------------------ peeling
+
+
+def _conjuncts(cond) -> list:
+    """The terms of a condition that is a tree of ``and``."""
+    if isinstance(cond, Logic) and cond.op == "and":
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _holds_from(test, i: Var, inner: dict):
+    """``(lo, hi)``: the test holds for every value of the inner loops
+    (``inner``: ``{variable: (first, last)}``) whenever ``lo <= i < hi``; None
+    unless it is an order comparison, affine in ``i`` and those variables."""
+    if not isinstance(test, Cmp) or test.op not in ("lt", "le", "gt", "ge"):
+        return None
+    # as ``form >= 0``
+    a, b = (test.a, test.b) if test.op in ("gt", "ge") else (test.b, test.a)
+    form = linear_form(sub(a, b))
+    if form is None or i not in form[0] or any(v is not i and v not in inner for v in form[0]):
+        return None
+    terms, c = form
+    c -= test.op in ("gt", "lt")
+    k = terms[i]
+    c += sum(min(m * inner[v][0], m * inner[v][1]) for v, m in terms.items() if v is not i)
+    return (-(c // k), 1 << 62) if k > 0 else (-(1 << 62), c // -k + 1)      # k i + c >= 0
+
+
+def _interior(body, i: Var, inner: dict):
+    """``(lo, hi, tests)`` for a row variable ``i`` that tests in ``body``
+    read: on ``lo <= i < hi`` every test term that reads ``i`` holds for all
+    values of the inner loops (a convolution's padding tests on the output
+    column: true away from the borders).  ``(0, 0, ())`` when no test reads
+    ``i``; None when some test term that reads it cannot be bounded."""
+    lo, hi, tests = -(1 << 62), 1 << 62, []
+    for x in _walk(body):
+        if isinstance(x, If) and i in free_leaves(x.cond):
+            for t in _conjuncts(x.cond):
+                if i not in free_leaves(t):
+                    continue
+                span = _holds_from(t, i, inner)
+                if span is None:
+                    return None
+                lo, hi = max(lo, span[0]), min(hi, span[1])
+                tests.append(t)
+    return (lo, hi, tuple(tests)) if tests else (0, 0, ())
+
+
+def _drop_tests(s, tests):
+    """``s`` with the test terms ``tests`` (known to hold) left out of its
+    conditions; a test left with no term is replaced by its branch."""
+    if isinstance(s, Block):
+        return _flat(_drop_tests(x, tests) for x in s.stmts)
+    if isinstance(s, For):
+        return For(s.var, s.lo, s.extent, _drop_tests(s.body, tests), s.kind)
+    if not isinstance(s, If):
+        return s
+    then = _drop_tests(s.then, tests)
+    other = None if s.else_ is None else _drop_tests(s.else_, tests)
+    terms = [t for t in _conjuncts(s.cond) if t not in tests]
+    if not terms:
+        return then
+    cond = terms[0]
+    for t in terms[1:]:
+        cond = logic_and(cond, t)
+    return If(cond, then, other)
+
+
+def _peeled(extent: int, mr: int, body, i: Var, inner: dict):
+    """Rule 6b: the row range of a register-tiled stage in segments
+    ``[(first, length, body)]``: the interior, where the tests on the row
+    variable (padding) always hold, runs without them; the borders keep them
+    (a test on the row would otherwise be repeated for each row of a tile).
+    The interior is a whole number of tiles of ``mr`` rows.  None when there
+    is no interior of a full tile."""
+    found = _interior(body, i, inner)
+    if found is None or not found[2]:
+        return None
+    lo, hi = max(found[0], 0), min(found[1], extent)
+    if hi - lo < mr:
+        return None
+    hi = lo + (hi - lo) // mr * mr         # whole tiles; the rest joins the border
+    segments = [(0, lo, body), (lo, hi - lo, _drop_tests(body, found[2])), (hi, extent - hi, body)]
+    return [seg for seg in segments if seg[1] > 0]
+
+
 # ------------------------------------------------------------------- tiling
 
 
-def _gemm_rows(nest: _Nest, body, j: Var, accesses):
+def _gemm_rows(nest: _Nest, body, j: Var, accesses, inner: dict):
     """The output variable to register-tile with ``j``, or None: the body must
     run a reduction whose bounds read neither, in which some load does not
-    move with ``j`` (a broadcast) and some load does not move with it."""
+    move with ``j`` (a broadcast) and some load does not move with it.
+    Among the variables whose rows share the most vector loads, the first
+    whose tests can be peeled off (:func:`_peeled`; a test on the row would
+    be repeated for each row of a tile), then one with a full tile of rows,
+    then the one along which the broadcast loads move least (adjacent rows
+    read the same cache lines: the output columns of a convolution rather
+    than its batch).  ``inner``: the ranges of the loops inside the body."""
     loops = [s for s in _walk(body) if isinstance(s, For)]
     if not loops:
         return None
     trips = prod(_trips(lp) for lp in loops if not _depends(stmt_exprs(lp), {j}))
     if trips < GEMM_MIN_TRIPS:
         return None
-    inner = [a for a in accesses if a.loops and not a.store]
-    if not any(stride(a.index, j) == 0 for a in inner):
+    reads = [a for a in accesses if a.loops and not a.store]
+    if not any(stride(a.index, j) == 0 for a in reads):
         return None
-    best, best_score = None, 0
+    best, best_key = None, None
     for v, n in zip(nest.vars, nest.extents):
         if v is j or n < 2 or any(_depends(stmt_exprs(lp), {v, j}) for lp in loops):
             continue
-        score = sum(a.weight for a in inner if stride(a.index, v) == 0 and stride(a.index, j) != 0)
-        if score > best_score:
-            best, best_score = v, score
+        score = sum(a.weight for a in reads if stride(a.index, v) == 0 and stride(a.index, j) != 0)
+        moves = [stride(a.index, v) for a in reads if stride(a.index, j) == 0 and stride(a.index, v) != 0]
+        spread = max((float("inf") if m is None else abs(m) for m in moves), default=0)
+        key = (score, _interior(body, v, inner) is not None, min(n, TILE_ROWS), -spread)
+        if score > 0 and (best_key is None or key > best_key):
+            best, best_key = v, key
     return best
 
 
-def _tiled(extent: int, size: int, var_: Var, make) -> object:
+def _tiled(extent: int, size: int, var_: Var, make, block=None) -> object:
     """A loop over tiles of ``size`` along an axis of ``extent``: ``make(base,
-    n)`` builds the code for the ``n`` positions from ``base``; a partial last
-    tile gets its own code behind a (uniform) test."""
+    n, tile)`` builds the code for the ``n`` positions from ``base`` in tile
+    number ``tile``; a partial last tile gets its own code behind a (uniform)
+    test.  ``block = (b, per)``: only the ``per`` tiles of block ``b`` (a loop
+    outside)."""
     full, rest = divmod(extent, size)
+    if block is not None:
+        b, per = block
+        tiles = full + (rest > 0)
+        tile = add(mul(b, _idx(per)), var_)
+        count = _idx(per) if tiles % per == 0 else minimum(_idx(per), sub(_idx(tiles), mul(b, _idx(per))))
+        base = mul(tile, _idx(size))
+        if rest == 0:
+            return For(var_, _idx(0), count, make(base, size, tile))
+        test = If(_lt(tile, full), Block((make(base, size, tile),)), Block((make(base, rest, tile),)))
+        return For(var_, _idx(0), count, Block((test,)))
     base = mul(var_, _idx(size))
     if rest == 0:
-        return For(var_, _idx(0), _idx(full), make(base, size))
+        return For(var_, _idx(0), _idx(full), make(base, size, var_))
     if full == 0:
-        return For(var_, _idx(0), _idx(1), make(_idx(0), rest))
-    test = If(_lt(var_, full), Block((make(base, size),)), Block((make(base, rest),)))
+        return For(var_, _idx(0), _idx(1), make(_idx(0), rest, _idx(0)))
+    test = If(_lt(var_, full), Block((make(base, size, var_),)), Block((make(base, rest, var_),)))
     return For(var_, _idx(0), _idx(full + 1), Block((test,)))
+
+
+def _row_blocks(accesses, i: Var, j: Var, i_extent: int) -> int:
+    """Blocks of row tiles for a GEMM with several column tiles whose row
+    operand (the loads that move with ``i``, not with ``j``) is larger than
+    ``ROW_BLOCK_BYTES``: a power of two, so that the blocks of rows (the
+    parallel root) split evenly, each block small enough to stay in L2 while
+    the column panels pass."""
+    size = max((i_extent * prod(_trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
+                for a in accesses if a.loops and not a.store and stride(a.index, j) == 0
+                and stride(a.index, i) != 0), default=0)
+    blocks = 1
+    while size > blocks * ROW_BLOCK_BYTES:
+        blocks *= 2
+    return blocks
 
 
 def _lt(v, n):
@@ -678,11 +890,12 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
     plans = {v: _pack_plan(nest, v, accesses) for v in nest.vars}
     costs = {}
     for v, n in zip(nest.vars, nest.extents):
-        packed = {id(a) for a, _ in plans[v]}
-        costs[v] = _vector_cost([a if id(a) not in packed else _Access(a.buffer, v, a.weight, False, a.loops)
+        packed = {id(a) for a, _, _ in plans[v]}
+        costs[v] = _vector_cost([a if id(a) not in packed else _Access(a.buffer, v, a.weight, False, a.loops,
+                                                                       a.tested)
                                  for a in accesses], v, lanes, n)
         # a copy moves each packed element once (about one gather lane each), per output element
-        costs[v] += sum(prod(n for _, _, n in box) for _, box in plans[v]) / prod(nest.extents)
+        costs[v] += sum(prod(n for _, _, n in box) for _, box, _ in plans[v]) / prod(nest.extents)
     j = min(reversed(nest.vars), key=lambda v: costs[v])
     if costs[j] == float("inf"):
         body = _lane_reduction(nest)
@@ -700,49 +913,73 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
                 return [stage]
             return [Stage(stage.name, stage.buffer, _assemble(nest.loops[:-1] + [
                 For(nest.loops[-1].var, nest.loops[-1].lo, nest.loops[-1].extent, body)]))]
-    if plans[j] and sum(a.buffer.nbytes for a, _ in plans[j]) > PACK_MAX_BYTES:
+    if plans[j] and sum(a.buffer.nbytes for a, _, _ in plans[j]) > PACK_MAX_BYTES:
         dot = _dot_tiles(nest, j)          # a large copy costs more than horizontal sums
         if dot is not None:
             return [Stage(stage.name, stage.buffer, dot)]
-    body = _pack(if_to_select(nest.body, j, _loop_ranges(nest)), plans[j], taken, new_stages, new_buffers)
+    ranges = _loop_ranges(nest)
+    inner = {v: r for v, r in ranges.items() if v not in set(nest.vars)}
+    body = if_to_select(nest.body, j, ranges)
     accesses = _accesses(body)
     j_extent = nest.extents[nest.vars.index(j)]
     lanes = _lanes([a for a in accesses if stride(a.index, j) != 0])
     lanes = min(lanes, max(4, 1 << (j_extent - 1).bit_length()))
-    i = _gemm_rows(nest, body, j, accesses)
-    kb = var("k.b")
-    k_blocked = _k_blocked(body, stage.buffer, kb, j) if i is not None else None
-    if k_blocked is not None:
-        body, n_kb = k_blocked
+    i = _gemm_rows(nest, body, j, accesses, inner)
     mr = min(TILE_ROWS, nest.extents[nest.vars.index(i)]) if i is not None else 1
     nr = min(TILE_VECTORS, -(-j_extent // lanes)) if i is not None else 1
+    jt, it = var(f"{j.name}.t"), var(f"{i.name if i is not None else j.name}.t")    # tile numbers
+    plan = plans[j] if i is None else _panel_plan(nest, accesses, i, j, plans[j], mr, nr * lanes, (jt, it))
+    body = _pack(body, plan, taken, new_stages, new_buffers)
+    accesses = _accesses(body)
+    column_panels = any(p is not None and p[1] is jt for _, _, p in plan)
+    kb = var("k.b")
+
+    def partial_sums(dtype):
+        """A temporary for the partial sums of K blocks: the output's shape, ``j`` last."""
+        order = [v for v in nest.vars if v is not j] + [j]
+        shape = tuple(nest.extents[nest.vars.index(v)] for v in order)
+        name, k = f"{stage.name}.sums", 1
+        while name in taken:
+            name, k = f"{stage.name}.sums{k}", k + 1
+        taken.add(name)
+        buf = Buffer(name, shape, dtype, "temp")
+        new_buffers.append(buf)
+        return buf, _linear(order, shape)
+
+    k_blocked = _k_blocked(body, stage.buffer, kb, j, partial_sums) if i is not None else None
+    epilogue = None
+    if k_blocked is not None:
+        body, n_kb, epilogue = k_blocked
     jl = var(f"{j.name}.l")
 
     tags = iter(range(1 << 30))
 
-    def jam(reps):
-        return _Jam(body, reps, set(reps[0]), f"{next(tags)}.").out
+    def jam(reps, src):
+        return _Jam(src, reps, set(reps[0]), f"{next(tags)}.").out
 
-    def simds(row_subs, base, n_cols):
-        """One tile: the rows ``row_subs`` by the columns ``base .. base + n_cols``
-        of ``j``, as full vectors jammed together and a masked last vector."""
+    def simds(row_subs, base, n_cols, tile, src=body):
+        """One tile of ``src`` (default: the element body): the rows
+        ``row_subs`` by the columns ``base .. base + n_cols`` of ``j`` (column
+        tile number ``tile``), as full vectors jammed together and a masked
+        last vector."""
         full, rest = divmod(n_cols, lanes)
         out = []
         if full:
-            reps = [{**rs, j: add(add(base, _idx(c * lanes)), jl)} for c in range(full) for rs in row_subs]
-            out.append(Simd(jl, _idx(0), lanes, _idx(lanes), jam(reps)))
+            reps = [{**rs, j: add(add(base, _idx(c * lanes)), jl), jt: tile}
+                    for c in range(full) for rs in row_subs]
+            out.append(Simd(jl, _idx(0), lanes, _idx(lanes), jam(reps, src)))
         if rest:
-            reps = [{**rs, j: add(add(base, _idx(full * lanes)), jl)} for rs in row_subs]
-            out.append(Simd(jl, _idx(0), lanes, _idx(rest), jam(reps)))
+            reps = [{**rs, j: add(add(base, _idx(full * lanes)), jl), jt: tile} for rs in row_subs]
+            out.append(Simd(jl, _idx(0), lanes, _idx(rest), jam(reps, src)))
         return Block(tuple(out))
 
-    def columns(row_subs, wrap=lambda b: b):
+    def columns(row_subs, wrap=lambda b: b, src=body):
         """The column tiles of ``nr`` vectors along ``j`` for the rows ``row_subs``."""
         return _tiled(j_extent, nr * lanes, var(f"{j.name}.o"),
-                      lambda base, n_cols: wrap(simds(row_subs, base, n_cols)))
+                      lambda base, n_cols, tile: wrap(simds(row_subs, base, n_cols, tile, src)))
 
-    def row_subs(base, n_rows):
-        return [{i: add(base, _idx(r))} for r in range(n_rows)]
+    def row_subs(base, n_rows, tile):
+        return [{i: add(base, _idx(r)), it: tile} for r in range(n_rows)]
 
     blocked = _gather_block(nest, j, accesses) if i is None else None
     if blocked is not None:               # gathers along j: visit a block of rows per column tile
@@ -756,20 +993,52 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
         i = b
     elif i is None:
         inner_loop = columns([{}])
-    elif k_blocked is not None:        # column tiles, then K blocks, then row tiles
-        i_extent = nest.extents[nest.vars.index(i)]
-        inner_loop = _tiled(j_extent, nr * lanes, var(f"{j.name}.o"), lambda jb, nc: Block((
-            For(kb, _idx(0), _idx(n_kb), Block((
-                _tiled(i_extent, mr, var(f"{i.name}.o"), lambda ib, n: simds(row_subs(ib, n), jb, nc)),))),)))
     else:
         i_extent = nest.extents[nest.vars.index(i)]
-        inner_loop = _tiled(i_extent, mr, var(f"{i.name}.o"),
-                            lambda base, n: Block((columns(row_subs(base, n)),)))
-    # outer loops: the output loops other than i and j, then the i tiles, then the j tiles
+        tiles = -(-i_extent // mr)
+        columns_first = k_blocked is not None or column_panels
+        per_block = tiles if not columns_first or j_extent <= nr * lanes else \
+            -(-tiles // _row_blocks(accesses, i, j, i_extent))
+        row_panels = any(p is not None and p[1] is it for _, _, p in plan)
+        # peeled rows are sibling loops: another output loop must be the parallel root
+        segments = None if row_panels or per_block < tiles or len(nest.vars) < 3 \
+            else _peeled(i_extent, mr, body, i, inner)
+        rb = var(f"{i.name}.b")
+
+        def rows(tile_of):
+            """The row tiles, ``tile_of(row_subs, element body)`` making one; in
+            segments when the row range is peeled, in blocks when blocked."""
+            if segments is None:
+                return _tiled(i_extent, mr, var(f"{i.name}.o"),
+                              lambda base, n, tile: tile_of(row_subs(base, n, tile), body),
+                              None if per_block == tiles else (rb, per_block))
+            return Block(tuple(
+                _tiled(n_rows, mr, var(f"{i.name}.o"), lambda base, n, tile, first=first, src=src:
+                       tile_of(row_subs(add(base, _idx(first)), n, tile), src))
+                for first, n_rows, src in segments))
+
+        if columns_first:               # (row blocks,) column tiles, (K blocks,) row tiles
+            def column(jb, nc, jtile):
+                row_tiles = rows(lambda rs, src: simds(rs, jb, nc, jtile, src))
+                return _as_block(row_tiles if k_blocked is None else
+                                 For(kb, _idx(0), _idx(n_kb), _as_block(row_tiles)))
+
+            inner_loop = _tiled(j_extent, nr * lanes, var(f"{j.name}.o"), column)
+            if per_block < tiles:
+                inner_loop = For(rb, _idx(0), _idx(-(-tiles // per_block)), Block((inner_loop,)))
+        else:                           # row tiles, column tiles
+            inner_loop = rows(lambda rs, src: Block((columns(rs, src=src),)))
+    # outer loops: the output loops other than i and j, then the tile loops
     outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
-    chain = outer + _loop_chain(inner_loop)
+    chain = outer + (_loop_chain(inner_loop) if isinstance(inner_loop, For) else [])
     movable = {lp.var for lp in chain} - {kb}
-    return [Stage(stage.name, stage.buffer, _assemble(_choose_root(chain, movable), chain[-1].body))]
+    body = chain[-1].body if isinstance(inner_loop, For) else inner_loop
+    nest_ir = _assemble(_choose_root(chain, movable), body)
+    if epilogue is None:
+        return [Stage(stage.name, stage.buffer, nest_ir)]
+    sums, store = epilogue
+    tail = Stage(stage.name, stage.buffer, _assemble(nest.loops, Block((store,))))
+    return [Stage(sums.name, sums, nest_ir)] + schedule_stage(tail, taken, new_buffers)
 
 
 _COMBINE_OPS = ("add", "mul", "max", "min")
@@ -931,8 +1200,8 @@ def _dot_tiles(nest: _Nest, j: Var):
             return jammed
         return out
 
-    inner = _tiled(j_extent, DOT_TILE, var(f"{j.name}.o"), lambda jb, nc: Block((
-        _tiled(i_extent, DOT_TILE, var(f"{i.name}.o"), lambda ib, nr_: tile(ib, nr_, jb, nc)),)))
+    inner = _tiled(j_extent, DOT_TILE, var(f"{j.name}.o"), lambda jb, nc, _: Block((
+        _tiled(i_extent, DOT_TILE, var(f"{i.name}.o"), lambda ib, nr_, _: tile(ib, nr_, jb, nc)),)))
     if failed:
         return None
     outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
@@ -940,18 +1209,25 @@ def _dot_tiles(nest: _Nest, j: Var):
     return _assemble(_choose_root(chain), chain[-1].body)
 
 
-def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var):
-    """Split the reduction loop of a GEMM-like element body into blocks of
-    ``K_BLOCK`` iterations, block ``kb`` resuming from the partial sum left
-    in the output element by block ``kb - 1`` (the epilogue runs after the
-    last block).  Each element still adds its terms in the same order, so
-    the result is bit-identical; the tile loops can then run all row tiles
-    of one block while a ``K_BLOCK`` x tile-width slice of the other operand
-    stays in L1.  Returns ``(body, blocks)`` or None when the body is not
-    ``acc = init; for k: acc = acc + ...; out[idx] = f(acc)`` with a long loop."""
+def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var, partial_sums):
+    """Split the reduction loop of a GEMM-like element body into equal blocks
+    of at most ``K_BLOCK`` iterations (784 = 4 x 196: no short last block
+    paying a whole block's loads and stores of the accumulators), block
+    ``kb`` resuming from the partial sum left in the output element by block
+    ``kb - 1`` (the epilogue runs after the last block).  Each element still
+    adds its terms in the same order, so the result is bit-identical; the
+    tile loops can then run all row tiles of one block while a block x
+    tile-width slice of the other operand stays in L1.  The partial sums go
+    back into the output as whole vectors.  When the output is not contiguous
+    along ``j`` (or has another dtype) every block stores them into the
+    temporary ``partial_sums(dtype)`` returns as ``(buffer, index)``, laid out
+    with ``j`` last, and a separate epilogue ``out[idx] = f(sum)`` reads them
+    (one transposing pass instead of a scatter per tile).  Returns ``(body,
+    blocks, epilogue)`` with ``epilogue`` None or ``(buffer, store)``; None when
+    the body is not ``acc = init; for k: acc = acc + ...; out[idx] = f(acc)``
+    with a long loop."""
     stmts = body.stmts
-    if len(stmts) < 3 or not isinstance(stmts[-1], Store) or stmts[-1].buffer is not out \
-            or stride(stmts[-1].index, j) != 1:          # partial sums go back as whole vectors
+    if len(stmts) < 3 or not isinstance(stmts[-1], Store) or stmts[-1].buffer is not out:
         return None
     loops = [k for k, x in enumerate(stmts) if isinstance(x, For)]
     if len(loops) != 1 or loops[0] != len(stmts) - 2:
@@ -964,22 +1240,27 @@ def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var):
     declared = {x.local for x in _walk(loop) if isinstance(x, Alloc)}
     (acc,) = writes - declared if len(writes - declared) == 1 else (None,)
     head = stmts[:-2]
-    if acc is None or acc.dtype != out.dtype or not all(
+    if acc is None or not all(
             isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const) for x in head):
         return None
     store = stmts[-1]
+    in_place = stride(store.index, j) == 1 and acc.dtype == out.dtype
+    sums, at = (out, store.index) if in_place else partial_sums(acc.dtype)
     n = loop.extent.value
     blocks = -(-n // K_BLOCK)
-    lo = add(loop.lo, mul(kb, _idx(K_BLOCK)))
-    extent = _idx(K_BLOCK) if n % K_BLOCK == 0 else \
-        minimum(_idx(K_BLOCK), sub(_idx(n), mul(kb, _idx(K_BLOCK))))
+    size = -(-n // blocks)
+    lo = add(loop.lo, mul(kb, _idx(size)))
+    extent = _idx(size) if n % size == 0 else minimum(_idx(size), sub(_idx(n), mul(kb, _idx(size))))
     first, last = compare("eq", kb, _idx(0)), compare("eq", kb, _idx(blocks - 1))
+    keep = Store(sums, at, acc)
+    epilogue = None if in_place else \
+        (sums, Store(out, store.index, substitute(store.value, {acc: BufLoad(sums, at)})))
     return Block((
         Alloc(acc, None),
-        If(first, Block((Assign(acc, head[0].init),)), Block((Assign(acc, BufLoad(out, store.index)),))),
+        If(first, Block((Assign(acc, head[0].init),)), Block((Assign(acc, BufLoad(sums, at)),))),
         For(loop.var, lo, extent, loop.body, loop.kind),
-        If(last, Block((store,)), Block((Store(out, store.index, acc),))),
-    )), blocks
+        If(last, Block((store,)), Block((keep,))) if in_place else keep,
+    )), blocks, epilogue
 
 
 def _gather_block(nest: _Nest, j: Var, accesses):
@@ -1105,8 +1386,16 @@ def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list):
     return None
 
 
-def schedule(program: Program) -> Program:
-    """``program`` with every stage scheduled (see the module doc); a pure function."""
+def _splits(extents) -> bool:
+    """Whether :func:`_split_reduction` spreads a reduction to one element over ``extents`` across threads."""
+    return prod(extents) >= SPLIT_MIN_WORK and any(extents[0] % p == 0 for p in SPLIT_PARTS)
+
+
+def schedule(program: Program, fusion: bool = True) -> Program:
+    """``program`` with its stages fused (``fuse.py``; not with ``fusion=False``)
+    and every stage scheduled (see the module doc); a pure function."""
+    if fusion:
+        program = fuse(program, _splits)
     stages, new_buffers = [], []
     taken = {b.name for b in program.buffers}
     for st in program.stages:

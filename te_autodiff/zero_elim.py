@@ -30,7 +30,7 @@ from arith import Var as ArithVar
 
 from . import dtype as dt
 from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, cast, compare, const,
-                   floordiv, is_const, logic_not, maximum, minimum, mod, reduce, select, var)
+                   floordiv, is_const, logic_not, maximum, minimum, mod, mul, neg, reduce, select, var)
 from .pretty import expr_str
 from .term import Term
 from .visit import children, free_vars, rebuild, substitute
@@ -246,14 +246,15 @@ class _Gather:
                 continue
             axes.append(z)
             doms.append((substitute(lo, point), substitute(hi - lo + 1, point)))
-        body = substitute(core, values)
+        invariant, body = _factor_out(substitute(substitute(core, values), point), set(axes))
         inner = []
         for c in conds:
             c = substitute(c, point)
             (inner if free_vars(c) & set(axes) else guards).append(c)
         if inner:
             body = select(all_(*inner), body, zero)
-        result = reduce("sum", substitute(body, point), axes, doms)
+        result = mul(invariant, reduce("sum", body, axes, doms)) if invariant is not None else \
+            reduce("sum", body, axes, doms)
         log.debug("gather: %d summed variable(s), %d guard(s), %d inner condition(s)",
                   len(axes), len(guards), len(inner))
         return select(all_(*guards), result, zero) if guards else result
@@ -361,3 +362,34 @@ def _combine(fn, items):
     for x in items[1:]:
         out = fn(out, x)
     return out
+
+
+def _factor_out(body, axes: set):
+    """``(k, rest)`` with ``body = k * rest`` and ``k`` the factors of the
+    product ``body`` that read none of ``axes`` (None when there is none):
+    ``Σ_r k·f(r) = k·Σ_r f(r)`` saves a multiply per term and leaves a sum
+    that may equal one the program computes already (the softmax
+    denominator in the gradient of its shift), which sharing then reuses."""
+    if not dt.is_float(body.dtype) or not axes:
+        return None, body
+    invariant, rest, negate, stack = [], [], False, [body]
+    while stack:
+        e = stack.pop()
+        if e.dtype != body.dtype:
+            return None, body
+        if isinstance(e, BinOp) and e.op == "mul":
+            stack += [e.b, e.a]
+        elif isinstance(e, Unary) and e.op == "neg":
+            negate = not negate
+            stack.append(e.a)
+        else:
+            (rest if free_vars(e) & axes else invariant).append(e)
+    if not invariant or not rest:
+        return None, body
+    k = invariant[0]
+    for e in invariant[1:]:
+        k = mul(k, e)
+    f = rest[0]
+    for e in rest[1:]:
+        f = mul(f, e)
+    return (neg(k) if negate else k), f

@@ -174,6 +174,20 @@ def test_log_softmax_dense_vjp_within_3x_forward():
     assert got <= 3 * fwd, f"log_softmax(dense): VJP {got} vs forward {fwd}"
 
 
+def test_softmax_cross_entropy_gradient_reuses_the_denominator():
+    """The shift's adjoint Σ_c dS·(-exp(z - m)) = -dS·Σ_c exp(z - m) is the
+    forward's denominator: loss and gradient pass over the logits four times
+    (max, Σ exp, first argmax, dZ), not five."""
+    N, C = 16, 40
+    Z, L = te.placeholder((N, C), "float32", "Z"), te.placeholder((N,), "int32", "L")
+    c1, c2, r = te.reduce_axis(C, "c"), te.reduce_axis(C, "c"), te.reduce_axis(N, "r")
+    m = te.compute((N,), lambda i: te.max(Z[i, c1], axis=c1), name="m")
+    lse = te.compute((N,), lambda i: m[i] + te.log(te.sum(te.exp(Z[i, c2] - m[i]), axis=c2)), name="lse")
+    loss = te.compute((1,), lambda _: te.sum(lse[r] - Z[r, L[r]], axis=r) / float(N), name="loss")
+    (dZ,) = te.gradient(loss, [Z])
+    assert iters([Z, L], [loss, dZ]) <= 4 * N * C + 4 * N
+
+
 def _growth(make, sizes, degree, const):
     """Gradient iterations at each size; checks ≤ const·n^degree and the growth ratio."""
     counts = []

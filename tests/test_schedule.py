@@ -5,7 +5,7 @@ import pytest
 
 import te_autodiff as te
 from lowering import runtime
-from lowering.loop_ir import Simd, walk
+from lowering.loop_ir import If, Simd, walk
 from lowering.lower import lower
 from lowering.schedule import schedule
 
@@ -21,8 +21,10 @@ def unscheduled(inputs, outputs, arrays):
 
 
 @pytest.fixture
-def threads():
-    """Set the thread count for one test, restoring it afterwards."""
+def threads(monkeypatch):
+    """Set the thread count for one test, restoring it afterwards; kernels
+    built in the test split their stages however small they are."""
+    monkeypatch.setattr(runtime, "SERIAL_KERNEL_US", 0)
     before = runtime.num_threads()
     yield runtime.set_num_threads
     runtime.set_num_threads(before)
@@ -145,6 +147,45 @@ def test_transposed_operand_is_packed():
     np.testing.assert_allclose(kernel(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n,k,m", [(256, 256, 256), (130, 260, 150)])
+def test_gemm_operands_are_read_from_panels(n, k, m, threads):
+    """C = A^T B with operands larger than L1: B is copied into column panels
+    (tiles of 2 vectors), A^T into row panels of 8 rows; the column tiles
+    are the parallel root.  Tails in both dimensions, any thread count."""
+    A = te.placeholder((k, n), "float32", "A")
+    B = te.placeholder((k, m), "float32", "B")
+    r = te.reduce_axis(k, "r")
+    C = te.compute((n, m), lambda i, j: te.sum(A[r, i] * B[r, j], axis=r), name="C")
+    kernel = te.build([A, B], [C])
+    buffers = {b.name: b.shape for b in kernel.program.buffers}
+    assert buffers["B.packed"] == (-(-m // 32), k, 32) and buffers["A.packed"] == (-(-n // 8), k, 8)
+    text = kernel.scheduled_ir
+    assert text[text.index("stage C:"):].split("\n")[1].strip().startswith("parallel for j.o")
+    a, b = RNG.standard_normal(A.shape, np.float32), RNG.standard_normal(B.shape, np.float32)
+    runs = []
+    for t in (1, 2, 3):
+        threads(t)
+        runs.append(kernel(a, b))
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run, runs[0])
+    np.testing.assert_allclose(runs[0], a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_k_blocks_of_a_gemm_with_a_transposed_output_add_up_in_a_temporary():
+    """The lanes run along the batch, which is not contiguous in the output:
+    the K blocks keep their partial sums in a temporary with the batch last,
+    and an epilogue stage applies tanh and writes the output."""
+    X = te.placeholder((64, 500), "float32", "X")
+    W = te.placeholder((256, 500), "float32", "W")
+    r = te.reduce_axis(500, "r")
+    Y = te.compute((64, 256), lambda i, j: te.tanh(te.sum(X[i, r] * W[j, r], axis=r)), name="Y")
+    kernel = te.build([X, W], [Y])
+    assert [s.name for s in kernel.program.stages][-2:] == ["Y.sums", "Y"]
+    x = RNG.standard_normal(X.shape, np.float32) * 0.05
+    w = RNG.standard_normal(W.shape, np.float32) * 0.05
+    np.testing.assert_allclose(kernel(x, w), np.tanh(x.astype(np.float64) @ w.T), rtol=2e-5, atol=2e-6)
+
+
 def test_loss_reduction_runs_in_lanes_and_transposed_reads_are_blocked():
     n = 96
     A = te.placeholder((2 * n, n), "float32", "A")
@@ -218,6 +259,24 @@ def test_conv_forward_and_gradients_with_odd_shapes(shape):
     y, gx, gw = kernel(x, w, h)
     np.testing.assert_allclose(y, conv_reference(x, w, pad), rtol=1e-4, atol=1e-4)
     for got, want in zip((gx, gw), unscheduled([X, W, H], [dX, dW], [x, w, h])):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_padding_tests_are_peeled_off_the_interior_rows():
+    """The data gradient of a padded convolution tiles the output columns;
+    the tests on the column hold away from the borders, so the interior tile
+    keeps only the test on the row (the border tiles keep theirs)."""
+    X, W, Y = conv(2, 16, 20, 32, 3, 1)
+    H = te.placeholder(Y.shape, "float32", "H")
+    dX, dW = te.gradient(Y, [X, W], head=H)
+    kernel = te.build([X, W, H], [Y, dX, dW])
+    tests = [sum(isinstance(x, If) for x in walk(s.body)) for s in walk(stage(kernel, "dXp").body)
+             if isinstance(s, Simd)]
+    assert min(tests) == 1 and max(tests) > 1
+    x = RNG.standard_normal(X.shape).astype(np.float32)
+    w = RNG.standard_normal(W.shape).astype(np.float32)
+    h = RNG.standard_normal(H.shape).astype(np.float32)
+    for got, want in zip(kernel(x, w, h), unscheduled([X, W, H], [Y, dX, dW], [x, w, h])):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -300,6 +359,23 @@ def test_results_are_bit_identical_for_any_thread_count(threads):
             np.testing.assert_array_equal(a, b)
     for got, want in zip(runs[0], unscheduled(inputs, outputs, arrays)):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5)
+
+
+def test_small_kernels_run_on_one_thread_and_large_ones_split():
+    """Below SERIAL_KERNEL_US of estimated work a kernel keeps every stage on
+    the calling thread (a fork and join per stage would cost more)."""
+    small = te.build(*(lambda A, B, C: ([A, B], [C]))(*matmul(16, 16, 16)))
+    large = te.build(*(lambda A, B, C: ([A, B], [C]))(*matmul(256, 256, 256)))
+    assert not any(plan.splittable for plan in small._stages)
+    assert any(plan.splittable for plan in large._stages)
+
+
+def test_data_address_of_writable_read_only_and_empty_arrays():
+    a = np.arange(12.0)
+    frozen = a[2:]
+    frozen.flags.writeable = False
+    for x in (a, frozen, np.empty(0)):
+        assert runtime.data_address(x) == x.ctypes.data
 
 
 def test_python_thread_pool_fallback_matches(threads, monkeypatch):

@@ -297,6 +297,26 @@ def test_gemm_like_gradient_reads_a_stored_elementwise_factor():
     assert te.cost([Y, X], [dS])["stages"] == 1
 
 
+def test_padding_read_many_times_in_reductions_is_stored():
+    """A convolution reads each element of its zero-padded input F*K*K times
+    inside its reduction: the padding select is stored once (no test in the
+    inner loop); a 3-tap stencil, three reads per element, keeps it inlined."""
+    n, c, size, f = 2, 4, 10, 8
+    X = te.placeholder((n, c, size, size), "float64", "X")
+    W = te.placeholder((f, c, 3, 3), "float64", "W")
+    Xp = te.compute((n, c, size + 2, size + 2), lambda a, b, y, x: te.if_then_else(
+        te.all(y >= 1, y < size + 1, x >= 1, x < size + 1), X[a, b, y - 1, x - 1], 0.0), name="Xp")
+    rc, ry, rx = te.reduce_axis(c, "rc"), te.reduce_axis(3, "ry"), te.reduce_axis(3, "rx")
+    Y = te.compute((n, f, size, size), lambda a, o, y, x: te.sum(
+        Xp[a, rc, y + ry, x + rx] * W[o, rc, ry, rx], axis=[rc, ry, rx]), name="Y")
+    assert "stage Xp:" in te.build([X, W], [Y]).loop_ir
+    V = te.placeholder((40,), "float64", "V")
+    Vp = te.compute((42,), lambda i: te.if_then_else(te.all(i >= 1, i < 41), V[i - 1], 0.0), name="Vp")
+    t = te.reduce_axis(3, "t")
+    S = te.compute((40,), lambda i: te.sum(Vp[i + t] * 0.25, axis=t), name="S")
+    assert "stage Vp:" not in te.build([V], [S]).loop_ir
+
+
 def test_store_and_recompute_overrides_change_the_cost_not_the_result():
     n, m = 24, 16
     X, A, B, C, Y = override_program(n, m)

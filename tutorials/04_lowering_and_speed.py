@@ -1,10 +1,12 @@
 """Tutorial 04: from loop nests to fast native code, and how fast it is.
 
 `te.build` turns tensors into a loop IR program (one *stage* per stored
-tensor: a loop nest over its elements), then `lowering/schedule.py` rewrites
-every stage for speed -- automatically, there is nothing to tune -- and LLVM
-compiles the result.  We follow a convolution gradient through that pass,
-time it against numpy, and learn to read the benchmark table.
+tensor: a loop nest over its elements), then `lowering/fuse.py` merges
+stages that walk the same domain and `lowering/schedule.py` rewrites every
+stage for speed -- automatically, there is nothing to tune -- and LLVM
+compiles the result.  We follow a convolution gradient through the
+schedule, watch fusion put an elementwise forward, loss and gradient into
+one pass, time both against numpy, and learn to read the benchmark table.
 
 Run it:  python tutorials/04_lowering_and_speed.py
 """
@@ -33,6 +35,16 @@ def conv2d(n, c, size, f, k=3, pad=1):
     H = te.placeholder(Y.shape, name="H")               # the head: loss = sum(Y * H)
     dX, dW = te.gradient(Y, [X, W], head=H)
     return [X, W, H], [Y, dX, dW]
+
+
+def best_ms(fn, reps=30):
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * min(times)
 
 
 def stage_text(program, name, limit=None):
@@ -86,7 +98,36 @@ same = all(np.array_equal(a, b) for a, b in zip(*runs))
 print(f"\nStep 3: 1 thread and 2 threads give bit-identical results: {same}")
 assert same
 
-# Step 4 -- timing against numpy on the benchmark's convolution (8x32x28x28,
+# Step 4 -- fusion.  The loss sum(tanh(sigmoid(x)*exp(-x*x)) * H) and its
+# gradient lower to three stages: y (stored, two stages read it), the loss
+# and dx.  Fusion (rule 1, siblings) runs dx inside the loss's reduction
+# loop, both reading x and H at the same point; then y has one reader, at
+# its own index, and is computed there (rule 2): one pass reads x and H once
+# and writes dx, y never touches memory, and LLVM computes the parts of y
+# the gradient shares (sigmoid(x), exp(-x*x)) once.
+n = 1 << 18
+x_ = te.placeholder((n,), name="x")
+h_ = te.placeholder((n,), name="H")
+y_ = te.compute((n,), lambda i: te.tanh(te.sigmoid(x_[i]) * te.exp(-x_[i] * x_[i])), name="y")
+r_ = te.reduce_axis(n, "r")
+loss_ = te.compute((1,), lambda _: te.sum(y_[r_] * h_[r_], axis=r_), name="loss")
+dx_, = te.gradient(y_, [x_], head=h_)
+plain = lower([x_, h_], [loss_, dx_], schedule=False)
+apart, fused = schedule(plain, fusion=False), schedule(plain)
+print("\nStep 4: fusion")
+print("  stages without fusion:", ", ".join(st.name for st in apart.stages),
+      f"(temporaries: {apart.temp_bytes} bytes)")
+print("  stages with fusion:   ", ", ".join(st.name for st in fused.stages),
+      f"(temporaries: {fused.temp_bytes} bytes)")
+print(stage_text(fused, fused.stages[0].name, limit=16))
+xs, hs = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+timings = {}
+for label, program in (("apart", apart), ("fused", fused)):
+    k_ = runtime.Kernel(program, runtime.compile_program(program), [x_, h_], [loss_, dx_], plain)
+    timings[label] = best_ms(lambda: k_(xs, hs))
+print(f"  {n} elements: {timings['apart']:.3f} ms apart, {timings['fused']:.3f} ms fused")
+
+# Step 5 -- timing against numpy on the benchmark's convolution (8x32x28x28,
 # 32 filters of 3x3): te runs forward + both gradients in one call; numpy
 # uses im2col and three matrix products (OpenBLAS sgemm).
 inputs, outputs = conv2d(8, 32, 28, 32)
@@ -114,26 +155,16 @@ def numpy_conv(x, w, h):
     return y, dxp[:, :, 1:-1, 1:-1], dw
 
 
-def best_ms(fn, reps=30):
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * min(times)
-
-
 te_ms, np_ms = best_ms(lambda: kernel(x, w, h)), best_ms(lambda: numpy_conv(x, w, h))
 for got, want in zip(kernel(x, w, h), numpy_conv(x, w, h)):
     assert np.allclose(got, want, rtol=1e-3, atol=1e-3)
 flops = 3 * 2 * 8 * 32 * 28 * 28 * 32 * 9
-print(f"\nStep 4: conv2d forward + 2 gradients (build {build_s:.2f} s)")
+print(f"\nStep 5: conv2d forward + 2 gradients (build {build_s:.2f} s)")
 print(f"  te-autodiff {te_ms:7.3f} ms  ({flops / te_ms / 1e6:6.1f} GFLOP/s)")
 print(f"  numpy       {np_ms:7.3f} ms  ({flops / np_ms / 1e6:6.1f} GFLOP/s)")
 print("  (best of 30 calls; on a busy machine every timing is noisy)")
 
-# Step 5 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
+# Step 6 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
 # -e .[bench]`) runs ten forward + backward kernels in te-autodiff, numpy,
 # JAX and PyTorch, each peer in its own process, and writes
 # benchmarks/RESULTS.md.  How to read it:
@@ -147,7 +178,7 @@ print("  (best of 30 calls; on a busy machine every timing is noisy)")
 #    of the machine's limit ("te of limit");
 #  * the geometric mean of peer / te summarises the ten kernels.
 results = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
-print("\nStep 5: reading benchmarks/RESULTS.md")
+print("\nStep 6: reading benchmarks/RESULTS.md")
 if results.exists():
     lines = results.read_text().splitlines()
     table = [ln for ln in lines if ln.startswith("|")][:12]

@@ -1,0 +1,394 @@
+"""Stage fusion: fewer passes over memory.  A loop IR to loop IR pass that
+runs before the per-stage schedule (``schedule.py``).
+
+``lower.py`` gives every stored tensor a stage of its own.  A gradient
+program often holds several stages over one domain: the forward value
+``y = f(x)``, stored because two stages read it; the loss ``Σ y·H``; the
+gradient ``dx = g(x, y, H)``.  Run apart they cross memory four times (write
+``y``, read it twice, read ``x`` and ``H`` twice) and evaluate the parts of
+``f`` that ``g`` shares twice; fused, one pass reads ``x`` and ``H`` once,
+writes ``dx`` and keeps ``y`` in registers.
+
+Two rules, applied until neither applies:
+
+1. **Siblings.**  Two stages over the same extents that read one buffer at
+   the same point become one stage: the second one's element body, with its
+   loop variables renamed to the first one's, runs right after the first's.
+   The first may be a reduction to one element (a loss: ``acc = 0; for
+   r...: acc += e; out[0] = acc``), then the second (a map) runs inside the
+   reduction loop, ``r`` standing for its loop variables, provided the
+   schedule will still spread the reduction over threads (``splits``).
+2. **Producer into its consumer.**  A temporary computed element by element
+   (no loop in its element body), read by one stage only and there at one
+   index, its own store index with its loop variables standing for loops of
+   the reader over the same extents, is computed in the reader instead: its
+   element body becomes let-bound locals at the top of the innermost of
+   those loops, and its buffer disappears.  Only when that computes each
+   element once (the loops around that point are exactly those loops).
+
+Both keep the operations of every element and the order of every
+reduction (LLVM may still contract a multiply and an add differently in
+the new surroundings: a last-bit difference), and neither makes a stage
+larger than ``STAGE_BUDGET`` expression nodes (the bound ``lower.py`` keeps
+to, so a long chain it cut into stages for compile time stays cut).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from te_autodiff.expr import Const, Var
+
+from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program,
+                      Simd, Stage, Store, children, linear_form, map_stmt, simplify_index, stmt_exprs,
+                      substitute, walk)
+
+
+@dataclass
+class _Shape:
+    """A stage as lowered: output loops (constant extents from 0) around an
+    element body; ``reduction`` holds the loops of a reduction to one element
+    (a loss), whose innermost body takes sibling maps."""
+
+    stage: Stage
+    loops: list
+    body: Block
+    reduction: list | None = None
+
+    @property
+    def extents(self) -> list:
+        return [lp.extent.value for lp in (self.reduction or self.loops)]
+
+    @property
+    def vars(self) -> list:
+        return [lp.var for lp in (self.reduction or self.loops)]
+
+
+def _const_loop(s) -> bool:
+    return isinstance(s, For) and isinstance(s.lo, Const) and isinstance(s.extent, Const)
+
+
+def _stmts(s) -> tuple:
+    return s.stmts if isinstance(s, Block) else (s,)
+
+
+def _chain(loop: For) -> list:
+    """``loop`` and the loops nested in it, each the only statement of the one outside."""
+    loops = [loop]
+    while len(_stmts(loops[-1].body)) == 1 and isinstance(_stmts(loops[-1].body)[0], For):
+        loops.append(_stmts(loops[-1].body)[0])
+    return loops
+
+
+def _from_zero(loops) -> bool:
+    return all(_const_loop(lp) and lp.lo.value == 0 for lp in loops)
+
+
+def _straight(body) -> bool:
+    """No loop anywhere in ``body`` (element by element, one pass)."""
+    return not any(isinstance(x, (For, Simd)) for x in walk(body))
+
+
+def _shape(stage: Stage):
+    """The :class:`_Shape` of ``stage``, or None when it is not as lowered."""
+    loops = _chain(stage.body)
+    if not _from_zero(loops):
+        return None
+    shape = _Shape(stage, loops, Block(_stmts(loops[-1].body)))
+    if _straight(shape.body):
+        return shape
+    if all(n == 1 for n in shape.extents):
+        shape.reduction = _reduction(shape.body)
+        return shape if shape.reduction else None
+    return None
+
+
+def _reduction(body: Block):
+    """The loops of ``acc = init; for r...: <straight body>; out[.] = acc``, or None."""
+    stmts = body.stmts
+    if len(stmts) != 3 or not (isinstance(stmts[0], Alloc) and isinstance(stmts[1], For)
+                               and isinstance(stmts[2], Store)):
+        return None
+    loops = _chain(stmts[1])
+    return loops if _from_zero(loops) and _straight(loops[-1].body) else None
+
+
+# ----------------------------------------------------------------- queries
+
+
+def _nodes(s) -> set:
+    """Every distinct expression node statement ``s`` evaluates (its size)."""
+    seen = set()
+    stack = [e for x in walk(s) for e in stmt_exprs(x)]
+    while stack:
+        e = stack.pop()
+        if e not in seen:
+            seen.add(e)
+            stack += children(e)
+    return seen
+
+
+def _loads(s) -> list:
+    """Every distinct buffer load in statement ``s``."""
+    return [e for e in _nodes(s) if isinstance(e, (BufLoad, GuardedLoad))]
+
+
+def _locals(s) -> set:
+    return {x.local for x in walk(s) if isinstance(x, (Alloc, Assign))}
+
+
+def _point_reads(shape: _Shape) -> set:
+    """``(buffer, index)`` of the plain loads of ``shape``'s element (innermost) body."""
+    inner = shape.reduction[-1].body if shape.reduction else shape.body
+    return {(ld.buffer, ld.index) for ld in _loads(inner) if isinstance(ld, BufLoad)}
+
+
+# ------------------------------------------------------------ rewriting
+
+
+def _replace(s, old, new):
+    """Statement ``s`` with the statement ``old`` (by identity) replaced by ``new``."""
+    if s is old:
+        return new
+    if isinstance(s, Block):
+        return Block(tuple(_replace(x, old, new) for x in s.stmts))
+    if isinstance(s, For):
+        return For(s.var, s.lo, s.extent, _replace(s.body, old, new), s.kind)
+    if isinstance(s, If):
+        return If(s.cond, _replace(s.then, old, new), None if s.else_ is None else _replace(s.else_, old, new))
+    return s
+
+
+def _prepend(loop: For, stmts: tuple) -> For:
+    return For(loop.var, loop.lo, loop.extent, Block(stmts + _stmts(loop.body)), loop.kind)
+
+
+def _append(loop: For, stmts: tuple) -> For:
+    return For(loop.var, loop.lo, loop.extent, Block(_stmts(loop.body) + stmts), loop.kind)
+
+
+def _simplify_loads(e):
+    """``e`` with the affine part of every load index collected."""
+    found, seen, stack = {}, set(), [e]
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, BufLoad):
+            found[x] = BufLoad(x.buffer, simplify_index(x.index))
+        stack += children(x)
+    return substitute(e, found) if found else e
+
+
+def _renamed(body, mapping: dict):
+    """``body`` with the loop variables in ``mapping`` replaced, indices simplified."""
+    def expr(e):
+        e = substitute(e, mapping)
+        return simplify_index(e) if e.dtype.startswith("int") else _simplify_loads(e)
+    return map_stmt(body, expr)
+
+
+def _fresh(body, taken: set):
+    """``body`` with every local whose name is in ``taken`` renamed (``t1`` -> ``t1.1``)."""
+    names, rename = set(taken), {}
+    for x in sorted(_locals(body), key=lambda x: x.name):
+        if x.name in names:
+            k = 1
+            while f"{x.name}.{k}" in names:
+                k += 1
+            rename[x] = Local(f"{x.name}.{k}", x.dtype)
+            names.add(rename[x].name)
+    if not rename:
+        return body
+    return map_stmt(body, lambda e: substitute(e, rename), lambda x: rename.get(x, x))
+
+
+def _names(s) -> set:
+    return {x.name for x in _locals(s)}
+
+
+# ----------------------------------------------------------------- rules
+
+
+class _Fuser:
+    """The stage list being fused, with each stage's reads and writes cached."""
+
+    def __init__(self, program: Program, splits):
+        self.stages = list(program.stages)
+        self.results = set(program.results)
+        self.splits = splits
+        self._cache = {}
+
+    def info(self, stage: Stage):
+        """``(shape, reads, writes, point reads, size)`` of ``stage``."""
+        if stage not in self._cache:
+            shape, nodes = _shape(stage), _nodes(stage.body)
+            reads = {e.buffer for e in nodes if isinstance(e, (BufLoad, GuardedLoad))}
+            writes = {x.buffer for x in walk(stage.body) if isinstance(x, Store)}
+            self._cache[stage] = (shape, reads, writes, _point_reads(shape) if shape else set(), len(nodes))
+        return self._cache[stage]
+
+    def small(self, *stages) -> bool:
+        """Whether one stage doing the work of ``stages`` stays within ``STAGE_BUDGET``."""
+        return sum(self.info(s)[4] for s in stages) <= STAGE_BUDGET
+
+    def run(self) -> list:
+        while self.siblings() or self.inline():
+            pass
+        return self.stages
+
+    # rule 1 ------------------------------------------------------------
+
+    def siblings(self) -> bool:
+        """Fuse the first pair of sibling stages found (rule 1)."""
+        readers = {}
+        for k, st in enumerate(self.stages):
+            for buf, _ in self.info(st)[3]:
+                readers.setdefault(buf, []).append(k)
+        for i, a in enumerate(self.stages):
+            candidates = sorted({j for buf, _ in self.info(a)[3] for j in readers[buf] if j > i})
+            for j in candidates:
+                place = self.placement(i, j)
+                if place is None:
+                    continue
+                for first, second in ((i, j), (j, i)):
+                    if self.fits(self.stages[first], self.stages[second]):
+                        merged = _merge(self.info(self.stages[first])[0], self.info(self.stages[second])[0])
+                        between = self.stages[i + 1:j]
+                        middle = between + [merged] if place == j else [merged] + between
+                        self.stages = self.stages[:i] + middle + self.stages[j + 1:]
+                        return True
+        return False
+
+    def placement(self, i: int, j: int):
+        """Where stages ``i < j`` can run as one: at ``j`` when no stage between
+        reads what ``i`` writes, else at ``i`` when ``j`` reads nothing a stage
+        between writes, else None."""
+        between = self.stages[i + 1:j]
+        if not any(self.info(s)[1] & self.info(self.stages[i])[2] for s in between):
+            return j
+        if not any(self.info(self.stages[j])[1] & self.info(s)[2] for s in between):
+            return i
+        return None
+
+    def fits(self, first: Stage, second: Stage) -> bool:
+        """Whether ``second``'s element body may run inside ``first``'s loops."""
+        a, ra, wa, pa, _ = self.info(first)
+        b, rb, wb, pb, _ = self.info(second)
+        if a is None or b is None or b.reduction is not None or not self.small(first, second):
+            return False
+        if a.extents != b.extents or prod(a.extents) <= 1 or ra & wb or rb & wa:
+            return False
+        if a.reduction is not None and not self.splits(a.extents):
+            return False
+        mapping = dict(zip(b.vars, a.vars))
+        return any((buf, simplify_index(substitute(ix, mapping))) in pa for buf, ix in pb)
+
+    # rule 2 ------------------------------------------------------------
+
+    def inline(self) -> bool:
+        """Compute the first temporary that qualifies inside its reader (rule 2)."""
+        for k, st in enumerate(self.stages):
+            shape, _, writes, _, _ = self.info(st)
+            buf = st.buffer
+            if shape is None or shape.reduction is not None or buf.kind != "temp" or \
+                    buf in self.results or writes != {buf}:
+                continue
+            readers = [r for r in self.stages if buf in self.info(r)[1]]
+            if len(readers) != 1 or not self.small(st, readers[0]):
+                continue
+            plan = _inline_plan(shape, readers[0])
+            if plan is None:
+                continue
+            reader = _inlined(shape, readers[0], *plan)
+            self.stages = [reader if s is readers[0] else s for s in self.stages if s is not st]
+            return True
+        return False
+
+
+def _merge(first: _Shape, second: _Shape) -> Stage:
+    """``second``'s element body after ``first``'s, under ``first``'s loops."""
+    moved = _renamed(second.body, dict(zip(second.vars, first.vars)))
+    moved = _fresh(moved, _names(first.stage.body))
+    last = first.reduction[-1] if first.reduction else first.loops[-1]
+    body = _replace(first.stage.body, last, _append(last, _stmts(moved)))
+    return Stage(f"{first.stage.name}+{second.stage.name}", first.stage.buffer, body)
+
+
+def _enclosing(body, target) -> list:
+    """The loops around statement ``target`` inside ``body``, outermost first."""
+    stack = [(body, [])]
+    while stack:
+        s, loops = stack.pop()
+        if s is target:
+            return loops
+        if isinstance(s, Block):
+            stack += [(x, loops) for x in s.stmts]
+        elif isinstance(s, For):
+            stack.append((s.body, loops + [s]))
+        elif isinstance(s, If):
+            stack += [(x, loops) for x in (s.then, s.else_) if x is not None]
+    return []
+
+
+def _inline_plan(p: _Shape, reader: Stage):
+    """``(loop, mapping, load)``: the loop of ``reader`` whose body computes
+    the producer ``p``, the renaming of ``p``'s loop variables and the load
+    it replaces, or None."""
+    loads = [ld for ld in _loads(reader.body) if ld.buffer is p.stage.buffer]
+    store = p.body.stmts[-1]
+    if len({ld.index for ld in loads}) != 1 or not isinstance(loads[0], BufLoad) or \
+            not isinstance(store, Store) or store.buffer is not p.stage.buffer:
+        return None
+    units = {lp.var for lp in p.loops if lp.extent.value == 1}
+    own, read = linear_form(store.index), linear_form(loads[0].index)
+    if own is None or read is None or own[1] != read[1]:
+        return None
+    own_terms = {v: k for v, k in own[0].items() if v not in units}
+    if len(own_terms) != len(read[0]) or not own_terms:
+        return None
+    by_stride = {k: v for v, k in read[0].items()}
+    loops = {x.var: x for x in walk(reader.body) if isinstance(x, For)}
+    mapping = {v: Const(0, v.dtype) for v in units}
+    for lp in p.loops:
+        if lp.var in units:
+            continue
+        v = by_stride.get(own_terms.get(lp.var))
+        target = loops.get(v)
+        if target is None or not _const_loop(target) or target.lo.value != 0 or \
+                target.extent.value != lp.extent.value:
+            return None
+        mapping[lp.var] = v
+    chosen = [loops[v] for v in mapping.values() if isinstance(v, Var)] + [_chain(reader.body)[-1]]
+    inner = max(chosen, key=lambda lp: len(_enclosing(reader.body, lp)))    # inside the element body
+    around = _enclosing(reader.body, inner) + [inner]
+    if not all(_const_loop(lp) for lp in around) or \
+            prod(lp.extent.value for lp in around) != p.stage.buffer.size:
+        return None                                  # it would compute elements more than once
+    return inner, mapping, loads[0]
+
+
+def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) -> Stage:
+    """``reader`` computing ``p``'s element at the top of ``loop`` instead of loading it."""
+    *lets, store = p.body.stmts
+    code = _renamed(Block(tuple(lets) + (Alloc(Local(p.stage.name, store.value.dtype), store.value, True),)),
+                    mapping)
+    code = _fresh(code, _names(reader.body))
+    local = code.stmts[-1].local
+    body = _replace(reader.body, loop, _prepend(loop, code.stmts))
+    body = map_stmt(body, lambda e: substitute(e, {load: local}))
+    return Stage(reader.name, reader.buffer, body)
+
+
+def fuse(program: Program, splits=lambda extents: True) -> Program:
+    """``program`` with its stages fused by rules 1 and 2 (module doc) and the
+    temporaries no stage uses any more dropped.  ``splits(extents)``: whether
+    the schedule spreads a reduction to one element over these extents
+    across threads (only then does a parallel map join it)."""
+    fuser = _Fuser(program, splits)
+    stages = fuser.run()
+    used = {b for st in stages for b in fuser.info(st)[1] | fuser.info(st)[2]}
+    buffers = tuple(b for b in program.buffers if b.kind != "temp" or b in used)
+    return Program(program.name, buffers, tuple(stages), program.results, program.checks)
+

@@ -1,0 +1,116 @@
+"""Stage fusion (lowering/fuse.py): fused programs make fewer passes and
+compute what the stages scheduled one by one compute: the same operations,
+up to LLVM's choice of where to fuse a multiply and an add (``contract``),
+which the code around an expression can change (a last-bit difference)."""
+import numpy as np
+import pytest
+
+import te_autodiff as te
+from lowering import runtime
+from lowering.lower import lower
+from lowering.schedule import SPLIT_MIN_WORK, schedule
+
+RNG = np.random.default_rng(11)
+
+
+def run(program, arrays):
+    compiled = runtime.compile_program(program)
+    storage = runtime.execute(program, runtime.plan_stages(program, compiled), arrays)
+    return [storage[b] for b in program.results]
+
+
+def both(inputs, outputs, arrays, **kw):
+    """``(fused program, fused results, unfused results)``."""
+    lowered = lower(inputs, outputs, schedule=False, **kw)
+    fused = schedule(lowered)
+    return fused, run(fused, arrays), run(schedule(lowered, fusion=False), arrays)
+
+
+def temps(program):
+    return sorted(b.name for b in program.buffers if b.kind == "temp")
+
+
+def assert_same(a, b):
+    """Equal up to a last-bit difference from a fused multiply-add (relative to the largest value)."""
+    for x, y in zip(a, b):
+        assert np.max(np.abs(x - y)) <= 4 * np.finfo(x.dtype).eps * np.max(np.abs(y))
+
+
+def elementwise_loss(n):
+    x, H = te.placeholder((n,), "float32", "x"), te.placeholder((n,), "float32", "H")
+    y = te.compute((n,), lambda i: te.tanh(te.sigmoid(x[i]) * te.exp(-x[i] * x[i])), name="y")
+    r = te.reduce_axis(n, "r")
+    loss = te.compute((1,), lambda _: te.sum(y[r] * H[r], axis=r), name="loss")
+    (dx,) = te.gradient(y, [x], head=H)
+    return x, H, loss, dx
+
+
+def test_loss_and_gradient_run_in_one_pass_without_the_forward_buffer():
+    n = 2 * SPLIT_MIN_WORK
+    x, H, loss, dx = elementwise_loss(n)
+    xs, hs = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    fused, got, want = both([x, H], [loss, dx], [xs, hs])
+    assert temps(schedule(lower([x, H], [loss, dx], schedule=False), fusion=False)) == ["loss.parts", "y"]
+    assert temps(fused) == ["loss+dx.parts"]             # y lives in registers only
+    assert [st.name for st in fused.stages] == ["loss+dx.parts", "loss+dx"]
+    assert_same(got, want)
+    y = np.tanh(1 / (1 + np.exp(-xs.astype(np.float64))) * np.exp(-xs.astype(np.float64) ** 2))
+    np.testing.assert_allclose(got[0][0], np.dot(y, hs), rtol=1e-5)
+
+
+def test_a_small_loss_stays_apart_from_the_parallel_gradient():
+    x, H, loss, dx = elementwise_loss(1000)
+    fused, got, want = both([x, H], [loss, dx], [RNG.standard_normal(1000).astype(np.float32)] * 2)
+    assert not any("+" in st.name for st in fused.stages)
+    assert_same(got, want)
+
+
+def test_maps_reading_one_input_share_a_pass():
+    x = te.placeholder((64, 48), "float32", "x")
+    a = te.compute((64, 48), lambda i, j: te.exp(x[i, j]), name="a")
+    b = te.compute((64, 48), lambda i, j: x[i, j] * te.sin(x[i, j]), name="b")
+    fused, got, want = both([x], [a, b], [RNG.standard_normal((64, 48)).astype(np.float32)])
+    assert [st.name for st in fused.stages] == ["a+b"]
+    assert_same(got, want)
+
+
+def test_a_stored_producer_is_computed_in_its_only_reader():
+    x = te.placeholder((300,), "float32", "x")
+    y = te.compute((300,), lambda i: te.exp(x[i]) + 1.0, name="y")
+    z = te.compute((300,), lambda i: te.log(y[i]) * y[i], name="z")
+    fused, got, want = both([x], [z], [RNG.standard_normal(300).astype(np.float32)], store=[y])
+    assert temps(fused) == [] and [st.name for st in fused.stages] == ["z"]
+    assert_same(got, want)
+
+
+def test_a_producer_that_would_be_recomputed_stays_stored():
+    x, w = te.placeholder((40,), "float32", "x"), te.placeholder((30,), "float32", "w")
+    y = te.compute((40,), lambda i: te.exp(x[i]), name="y")
+    z = te.compute((40, 30), lambda i, j: y[i] * w[j], name="z")
+    fused, got, want = both([x, w], [z], [RNG.standard_normal(40).astype(np.float32),
+                                           RNG.standard_normal(30).astype(np.float32)], store=[y])
+    assert temps(fused) == ["y"]
+    assert_same(got, want)
+
+
+def test_a_map_reading_another_at_a_different_point_is_not_fused():
+    x = te.placeholder((100,), "float32", "x")
+    a = te.compute((100,), lambda i: te.exp(x[i]), name="a")
+    b = te.compute((99,), lambda i: a[i + 1] - a[i] + x[i], name="b")
+    c = te.compute((100,), lambda i: a[99 - i] * x[i], name="c")
+    fused, got, want = both([x], [a, b, c], [RNG.standard_normal(100).astype(np.float32)])
+    assert not any("+" in st.name for st in fused.stages)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("n", [SPLIT_MIN_WORK, 3 * SPLIT_MIN_WORK + 16 * 7])
+def test_fused_gradient_kernels_match_numpy(n):
+    x, H, loss, dx = elementwise_loss(n)
+    f = te.build([x, H], [loss, dx])
+    xs, hs = RNG.standard_normal(n), RNG.standard_normal(n)
+    got_loss, got_dx = f(xs.astype(np.float32), hs.astype(np.float32))
+    s = 1 / (1 + np.exp(-xs))
+    u = s * np.exp(-xs * xs)
+    y = np.tanh(u)
+    np.testing.assert_allclose(got_loss[0], np.dot(y, hs), rtol=1e-4)
+    np.testing.assert_allclose(got_dx, hs * (1 - y * y) * u * ((1 - s) - 2 * xs), rtol=1e-4, atol=1e-6)
