@@ -178,7 +178,7 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
                                                         "noisy**" if max(run["load_start"], run["load_end"]) > 0.5
                                                         else ""))
     L.append("")
-    L.append("## Median forward + backward time (ms)")
+    L.append("## Median forward + backward time (ms, best of 5 rounds)")
     L.append("")
     head = ["#", "kernel", "te"] + [LABELS[p] for p in others] + \
         ["fastest peer", "peer / te", "te compile s", "te correct", "te rate", "te of limit", "peer of limit"]
@@ -272,7 +272,9 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
     L.append("Each (kernel, peer) runs in a fresh subprocess with the thread count set through the environment "
              "(`OMP/OPENBLAS/MKL/TE_NUM_THREADS`, `torch.set_num_threads`). After the compile / first call, the step "
              "(loss and all gradients, results materialised: JAX `block_until_ready`) is warmed up, then timed call "
-             "by call with the garbage collector off; the table shows the median. te-autodiff's kernel returns the "
+             "by call with the garbage collector off, in 5 consecutive rounds; the table shows the lowest round median "
+             "(a burst of other work slows one round, not the figure; results.json keeps every round). "
+             "te-autodiff's kernel returns the "
              "loss Σ(output·H) (or the scalar loss) and the gradients from one `te.build`, like "
              "`jax.jit(jax.value_and_grad(...))`; PyTorch runs the forward and `torch.autograd.grad`. "
              "See `benchmarks/README.md`.")

@@ -18,13 +18,17 @@ Two rules, applied until neither applies:
    r...: acc += e; out[0] = acc``), then the second (a map) runs inside the
    reduction loop, ``r`` standing for its loop variables, provided the
    schedule will still spread the reduction over threads (``splits``).
-2. **Producer into its consumer.**  A temporary computed element by element
-   (no loop in its element body), read by one stage only and there at one
-   index, its own store index with its loop variables standing for loops of
-   the reader over the same extents, is computed in the reader instead: its
-   element body becomes let-bound locals at the top of the innermost of
-   those loops, and its buffer disappears.  Only when that computes each
-   element once (the loops around that point are exactly those loops).
+2. **Producer into its consumer.**  A temporary read by one stage only, and
+   there at one index: its own store index with each loop variable standing
+   for a loop of the reader plus a constant offset (a window inside its
+   domain, such as the gradient of a padded input read without its border),
+   is computed in the reader instead: its element body becomes let-bound
+   locals at the top of the innermost of those loops, and its buffer
+   disappears.  Only when that computes each element at most once (the
+   loops around that point are those loops) and, for a producer whose
+   element is a reduction, only into a reader that copies it (a crop): an
+   epilogue stays a stage of its own, so the schedule can still block the
+   reduction.  Elements nobody reads are not computed at all.
 
 Both keep the operations of every element and the order of every
 reduction (LLVM may still contract a multiply and an add differently in
@@ -37,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from te_autodiff.expr import Const, Var
+from te_autodiff.expr import Const, add
 
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program,
                       Simd, Stage, Store, children, linear_form, map_stmt, simplify_index, stmt_exprs,
@@ -289,19 +293,18 @@ class _Fuser:
 
     def inline(self) -> bool:
         """Compute the first temporary that qualifies inside its reader (rule 2)."""
-        for k, st in enumerate(self.stages):
-            shape, _, writes, _, _ = self.info(st)
-            buf = st.buffer
-            if shape is None or shape.reduction is not None or buf.kind != "temp" or \
-                    buf in self.results or writes != {buf}:
+        for st in self.stages:
+            buf, loops = st.buffer, _chain(st.body)
+            if buf.kind != "temp" or buf in self.results or self.info(st)[2] != {buf} or not _from_zero(loops):
                 continue
             readers = [r for r in self.stages if buf in self.info(r)[1]]
             if len(readers) != 1 or not self.small(st, readers[0]):
                 continue
-            plan = _inline_plan(shape, readers[0])
+            producer = _Shape(st, loops, Block(_stmts(loops[-1].body)))
+            plan = _inline_plan(producer, readers[0])
             if plan is None:
                 continue
-            reader = _inlined(shape, readers[0], *plan)
+            reader = _inlined(producer, readers[0], *plan)
             self.stages = [reader if s is readers[0] else s for s in self.stages if s is not st]
             return True
         return False
@@ -334,39 +337,50 @@ def _enclosing(body, target) -> list:
 
 def _inline_plan(p: _Shape, reader: Stage):
     """``(loop, mapping, load)``: the loop of ``reader`` whose body computes
-    the producer ``p``, the renaming of ``p``'s loop variables and the load
-    it replaces, or None."""
+    the producer ``p``, the renaming of ``p``'s loop variables (each a loop
+    variable of the reader plus a constant offset) and the load it replaces,
+    or None."""
     loads = [ld for ld in _loads(reader.body) if ld.buffer is p.stage.buffer]
     store = p.body.stmts[-1]
     if len({ld.index for ld in loads}) != 1 or not isinstance(loads[0], BufLoad) or \
             not isinstance(store, Store) or store.buffer is not p.stage.buffer:
         return None
-    units = {lp.var for lp in p.loops if lp.extent.value == 1}
     own, read = linear_form(store.index), linear_form(loads[0].index)
-    if own is None or read is None or own[1] != read[1]:
+    if own is None or read is None:
         return None
-    own_terms = {v: k for v, k in own[0].items() if v not in units}
-    if len(own_terms) != len(read[0]) or not own_terms:
-        return None
+    units = [lp for lp in p.loops if lp.extent.value == 1]
+    mapping = {lp.var: Const(0, lp.var.dtype) for lp in units}
     by_stride = {k: v for v, k in read[0].items()}
     loops = {x.var: x for x in walk(reader.body) if isinstance(x, For)}
-    mapping = {v: Const(0, v.dtype) for v in units}
-    for lp in p.loops:
-        if lp.var in units:
-            continue
-        v = by_stride.get(own_terms.get(lp.var))
-        target = loops.get(v)
-        if target is None or not _const_loop(target) or target.lo.value != 0 or \
-                target.extent.value != lp.extent.value:
+    rest = read[1] - own[1]            # split over the axes: read = own(i + offset), 0 <= offset
+    for lp in sorted((lp for lp in p.loops if lp not in units), key=lambda lp: -own[0].get(lp.var, 0)):
+        k = own[0].get(lp.var, 0)
+        target = loops.get(by_stride.get(k))
+        if k <= 0 or target is None or not _const_loop(target) or target.lo.value != 0:
             return None
-        mapping[lp.var] = v
-    chosen = [loops[v] for v in mapping.values() if isinstance(v, Var)] + [_chain(reader.body)[-1]]
-    inner = max(chosen, key=lambda lp: len(_enclosing(reader.body, lp)))    # inside the element body
+        offset = rest // k
+        if not 0 <= offset <= lp.extent.value - target.extent.value:
+            return None
+        rest -= offset * k
+        mapping[lp.var] = target.var if offset == 0 else add(target.var, Const(offset, target.var.dtype))
+    if rest or len(read[0]) != len(mapping) - len(units):
+        return None
+    element = _chain(reader.body)[-1]
+    mapped = {loops[by_stride[own[0][lp.var]]] for lp in p.loops if lp not in units}
+    inner = max(mapped | {element}, key=lambda lp: len(_enclosing(reader.body, lp)))   # in the element body
     around = _enclosing(reader.body, inner) + [inner]
-    if not all(_const_loop(lp) for lp in around) or \
-            prod(lp.extent.value for lp in around) != p.stage.buffer.size:
+    if any(lp not in mapped and not (_const_loop(lp) and lp.extent.value == 1) for lp in around):
         return None                                  # it would compute elements more than once
+    if not _straight(p.body) and not _copies(element, loads[0]):
+        return None                                  # a reduction only into a copy of its window
     return inner, mapping, loads[0]
+
+
+def _copies(loop: For, load: BufLoad) -> bool:
+    """Whether ``loop``'s body only stores ``load`` (a crop or shift: the reduction
+    then keeps its schedule, K blocks included, in the reader's loops)."""
+    stmts = _stmts(loop.body)
+    return len(stmts) == 1 and isinstance(stmts[0], Store) and stmts[0].value is load
 
 
 def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) -> Stage:

@@ -114,3 +114,27 @@ def test_fused_gradient_kernels_match_numpy(n):
     y = np.tanh(u)
     np.testing.assert_allclose(got_loss[0], np.dot(y, hs), rtol=1e-4)
     np.testing.assert_allclose(got_dx, hs * (1 - y * y) * u * ((1 - s) - 2 * xs), rtol=1e-4, atol=1e-6)
+
+
+def test_a_reduction_read_at_a_shifted_window_is_computed_in_the_reader():
+    """The gradient of a padded input is read without its border (dX = dXp[1:-1]):
+    only the elements read are computed, in the reader's own loops."""
+    A, B = te.placeholder((10, 6), "float32", "A"), te.placeholder((6, 12), "float32", "B")
+    k = te.reduce_axis(6, "k")
+    P = te.compute((10, 12), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="P")
+    C = te.compute((8, 9), lambda i, j: P[i + 1, j + 2], name="C")
+    a, b = RNG.standard_normal((10, 6)).astype(np.float32), RNG.standard_normal((6, 12)).astype(np.float32)
+    fused, got, want = both([A, B], [C], [a, b], store=[P])
+    assert temps(fused) == [] and [st.name for st in fused.stages] == ["C"]
+    assert_same(got, want)
+    np.testing.assert_allclose(got[0], (a @ b)[1:9, 2:11], rtol=1e-5, atol=1e-6)
+
+
+def test_a_reduction_is_not_computed_inside_another_reduction():
+    A = te.placeholder((64, 64), "float32", "A")
+    k, r = te.reduce_axis(64, "k"), te.reduce_axis(64, "r")
+    P = te.compute((64,), lambda i: te.sum(A[i, k] * A[k, i], axis=k), name="P")
+    Q = te.compute((1,), lambda _: te.sum(P[r] * P[r], axis=r), name="Q")
+    fused, got, want = both([A], [Q], [RNG.standard_normal((64, 64)).astype(np.float32)])
+    assert temps(fused) == ["P"]
+    assert_same(got, want)

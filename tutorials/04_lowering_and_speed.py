@@ -78,11 +78,14 @@ print(stage_text(plain, grad_stage))
 #    read it with unit stride;
 #  * register tile: several rows share one reduction loop, each loaded
 #    vector is used by every row and the accumulators stay in registers;
-#  * parallel root: the outermost tile loop is split across threads.
+#  * parallel root: the outermost tile loop is split across threads;
+#  * fusion (before all that): dX only copies dXp without its border, so
+#    dXp is computed inside dX, for the elements dX reads (step 4 shows
+#    fusion on its own).
 scheduled = schedule(plain)
-print("\nStep 2: the stages after schedule.py")
+print("\nStep 2: the stages after fuse.py and schedule.py")
 print("  stages:", ", ".join(st.name for st in scheduled.stages))
-print(stage_text(scheduled, grad_stage, limit=40))
+print(stage_text(scheduled, "dX", limit=40))
 
 # Step 3 -- every schedule computes each element with the same operations
 # whatever the thread count, so results are bit-identical run to run.
