@@ -41,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="directory for RESULTS.md, results.png, results.json")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds per (kernel, peer) process (default 600, quick 120)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="passes over every (kernel, peer), interleaved; each keeps its best pass (default 1)")
     p.add_argument("--render", metavar="JSON", default=None,
                    help="only rewrite RESULTS.md and the chart from a results.json of an earlier run")
     args = p.parse_args(argv)
@@ -132,6 +134,31 @@ def measure_limits(args) -> dict:
     return limits
 
 
+def _better_limits(old, new) -> dict:
+    """Each machine limit at its best over the passes."""
+    if old is None or old.get("status") != "ok":
+        return new
+    if new.get("status") != "ok":
+        return old
+    return {**old, **{k: max(v, old[k]) for k, v in new.items() if isinstance(v, float) and k in old}}
+
+
+def _better_result(old, new) -> dict:
+    """The pass with the lower median of one (kernel, peer); correct and
+    deterministic only if every pass was; ``pass_medians_ms`` lists them all."""
+    if old is None:
+        return dict(new, pass_medians_ms=[new.get("median_ms")])
+    medians = old["pass_medians_ms"] + [new.get("median_ms")]
+    if new.get("status") != "ok":
+        return dict(old, pass_medians_ms=medians) if old.get("status") == "ok" else dict(new, pass_medians_ms=medians)
+    if old.get("status") != "ok":
+        return dict(new, pass_medians_ms=medians)
+    best = new if new["median_ms"] < old["median_ms"] else old
+    return dict(best, pass_medians_ms=medians, correct=old["correct"] and new["correct"],
+                deterministic=old["deterministic"] and new["deterministic"],
+                max_rel_err=max(old["max_rel_err"], new["max_rel_err"]))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.render:
@@ -149,26 +176,25 @@ def main(argv=None) -> int:
     print(f"te-autodiff benchmarks: kernels {args.kernel_ids}, peers {args.peer_list}, threads {args.threads}"
           f"{', quick' if args.quick else ''}", flush=True)
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    limits = measure_limits(args)
-    if limits.get("status") == "ok":
-        print(f"machine limits: sgemm {limits['sgemm_gflops']:.0f} GFLOP/s, dgemm {limits['dgemm_gflops']:.0f} "
-              f"GFLOP/s, copy {limits['copy_gbs']:.1f} GB/s, triad {limits['triad_gbs']:.1f} GB/s", flush=True)
-    else:
-        print(f"machine limits: {limits.get('status')}: {limits.get('error')}", flush=True)
-    results = []
-    for kid in args.kernel_ids:
-        k = KERNELS[kid]
-        print(f"[{kid}] {k.title} ({k.dtype})", flush=True)
-        for peer in args.peer_list:
-            if not installed(peer):
-                res = dict(peer=peer, kernel=kid, status="not installed")
-            else:
-                res = run_child(dict(peer=peer, kernel=kid, quick=args.quick, threads=args.threads),
-                                args.threads, args.timeout)
-            results.append(res)
-            print(f"    {peer:14s} {_progress(res)}", flush=True)
+    limits, results = None, {}
+    for n in range(max(args.repeat, 1)):
+        if args.repeat > 1:
+            print(f"pass {n + 1} of {args.repeat}", flush=True)
+        limits = _better_limits(limits, measure_limits(args))
+        for kid in args.kernel_ids:
+            k = KERNELS[kid]
+            print(f"[{kid}] {k.title} ({k.dtype})", flush=True)
+            for peer in args.peer_list:
+                if not installed(peer):
+                    res = dict(peer=peer, kernel=kid, status="not installed")
+                else:
+                    res = run_child(dict(peer=peer, kernel=kid, quick=args.quick, threads=args.threads),
+                                    args.threads, args.timeout)
+                results[kid, peer] = _better_result(results.get((kid, peer)), res)
+                print(f"    {peer:14s} {_progress(res)}", flush=True)
+    results = list(results.values())
     total = time.perf_counter() - t_start
-    run = dict(command=command, quick=args.quick, threads=args.threads, kernels=args.kernel_ids,
+    run = dict(command=command, quick=args.quick, threads=args.threads, repeat=args.repeat, kernels=args.kernel_ids,
                peers=args.peer_list, total_s=total, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                load_start=load_start, load_end=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     md, paths = write_outputs(out_dir, run, limits, results)

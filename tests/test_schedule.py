@@ -423,3 +423,24 @@ def test_stage_code_is_the_same_on_every_path():
     kernel = te.build(*mixed_program()[:2])
     for n in range(len(kernel.program.stages)):
         assert f"call void @stage{n}(" in kernel.llvm_ir
+
+
+def test_large_outputs_written_once_use_streaming_stores():
+    """A 4 MB output written with full vectors skips the cache (non-temporal
+    stores); a small one, and an output a K-blocked GEMM reads back, do not."""
+    n = 1 << 20
+    x = te.placeholder((n,), "float32", "x")
+    big = te.build([x], [te.compute((n,), lambda i: te.exp(x[i]) * 2.0, name="big")])
+    small = te.build([x], [te.compute((n // 4,), lambda i: x[i] + 1.0, name="small")])
+    assert "!nontemporal" in big.llvm_ir and "!nontemporal" not in small.llvm_ir
+    assert "llvm.x86.sse.sfence" in big.llvm_ir
+    xs = RNG.standard_normal(n).astype(np.float32)
+    np.testing.assert_allclose(big(xs), np.exp(xs) * 2.0, rtol=2e-6)
+    A, B, C = matmul(512, 1024, 1024)
+    gemm = te.build([A, B], [C])
+    assert "k.b" in gemm.scheduled_ir and "!nontemporal" not in gemm.llvm_ir
+    y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
+    reread = te.build([x], [y, te.compute((n,), lambda i: y[n - 1 - i] * 2.0, name="z")])
+    functions = {f.split("(")[0]: f for f in reread.llvm_ir.split("define ")}
+    assert "!nontemporal" in functions["void @stage1"]                  # z streams,
+    assert "!nontemporal" not in functions["void @stage0"]              # y, read by z, stays cached
