@@ -606,7 +606,6 @@ class _FunctionEmitter:
 
     def store(self, s: Store):
         buf = s.buffer
-        t = MEMORY_TYPE[buf.dtype]
         value = self.expr(s.value)
         base = self.lanes.base(s.index) if self.lanes is not None else None
         index = self.expr(base if base is not None else s.index)

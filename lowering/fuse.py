@@ -44,7 +44,7 @@ from math import prod
 from te_autodiff.expr import Const, add
 
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program,
-                      Simd, Stage, Store, children, linear_form, map_stmt, simplify_index, stmt_exprs,
+                      Simd, Stage, Store, children, linear_form, map_stmt, rename, simplify_index, stmt_exprs,
                       substitute, walk)
 
 
@@ -171,28 +171,6 @@ def _append(loop: For, stmts: tuple) -> For:
     return For(loop.var, loop.lo, loop.extent, Block(_stmts(loop.body) + stmts), loop.kind)
 
 
-def _simplify_loads(e):
-    """``e`` with the affine part of every load index collected."""
-    found, seen, stack = {}, set(), [e]
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if isinstance(x, BufLoad):
-            found[x] = BufLoad(x.buffer, simplify_index(x.index))
-        stack += children(x)
-    return substitute(e, found) if found else e
-
-
-def _renamed(body, mapping: dict):
-    """``body`` with the loop variables in ``mapping`` replaced, indices simplified."""
-    def expr(e):
-        e = substitute(e, mapping)
-        return simplify_index(e) if e.dtype.startswith("int") else _simplify_loads(e)
-    return map_stmt(body, expr)
-
-
 def _fresh(body, taken: set):
     """``body`` with every local whose name is in ``taken`` renamed (``t1`` -> ``t1.1``)."""
     names, rename = set(taken), {}
@@ -312,7 +290,7 @@ class _Fuser:
 
 def _merge(first: _Shape, second: _Shape) -> Stage:
     """``second``'s element body after ``first``'s, under ``first``'s loops."""
-    moved = _renamed(second.body, dict(zip(second.vars, first.vars)))
+    moved = rename(second.body, dict(zip(second.vars, first.vars)))
     moved = _fresh(moved, _names(first.stage.body))
     last = first.reduction[-1] if first.reduction else first.loops[-1]
     body = _replace(first.stage.body, last, _append(last, _stmts(moved)))
@@ -386,7 +364,7 @@ def _copies(loop: For, load: BufLoad) -> bool:
 def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) -> Stage:
     """``reader`` computing ``p``'s element at the top of ``loop`` instead of loading it."""
     *lets, store = p.body.stmts
-    code = _renamed(Block(tuple(lets) + (Alloc(Local(p.stage.name, store.value.dtype), store.value, True),)),
+    code = rename(Block(tuple(lets) + (Alloc(Local(p.stage.name, store.value.dtype), store.value, True),)),
                     mapping)
     code = _fresh(code, _names(reader.body))
     local = code.stmts[-1].local

@@ -292,6 +292,43 @@ def map_stmt(s, expr, local=lambda x: x):
     raise TypeError(f"cannot rebuild {type(s).__name__}")
 
 
+
+def map_loads(e: Expr, fn) -> Expr:
+    """``e`` with every buffer load ``x`` replaced by ``fn(x)`` (``None`` keeps it);
+    each distinct node is visited once."""
+    found = {}
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if isinstance(x, (BufLoad, GuardedLoad)):
+            new = fn(x)
+            if new is not None and new is not x:
+                found[x] = new
+        stack += children(x)
+    return substitute(e, found) if found else e
+
+
+def with_load(x, buf, index):
+    """A load like ``x`` (plain or guarded) of ``buf[index]``."""
+    return BufLoad(buf, index) if isinstance(x, BufLoad) else GuardedLoad(buf, index, x.cond)
+
+
+def simplify_loads(e: Expr) -> Expr:
+    """``e`` with the affine part of every load index collected."""
+    return map_loads(e, lambda x: with_load(x, x.buffer, simplify_index(x.index)))
+
+
+def rename(s, mapping: dict):
+    """Statement ``s`` with the variables and locals in ``mapping`` replaced;
+    load indices (and integer expressions) simplified."""
+    def expr(x):
+        x = simplify_loads(substitute(x, mapping))
+        return simplify_index(x) if x.dtype.startswith("int") else x
+    return map_stmt(s, expr, lambda x: mapping.get(x, x))
+
 # ------------------------------------------------------------------- printing
 
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),

@@ -107,7 +107,7 @@ from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Logic, Select, Var, add, 
 from .fuse import fuse
 from .loop_ir import (SIMD_WIDTH_BYTES, Alloc, Assign, Block, Buffer, BufLoad, Check, For, GuardedLoad,
                       If, LaneReduce, Local, Program, Simd, Stage, Store, children, free_leaves, linear_form,
-                      map_stmt, simplify_index, stmt_exprs, stride, substitute)
+                      map_loads, rename, simplify_index, stmt_exprs, stride, substitute, with_load)
 
 UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
 MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop
@@ -397,7 +397,7 @@ def offset_loops(s, outer: set):
     x = simplify_index(add(first, d))
     conds = [compare("ge", x, _idx(v)) for v in lows] + \
             [compare("lt", x, _idx(v + hi_form[1])) for v in highs]
-    body = _rewrite(body, {s.var: x})
+    body = rename(body, {s.var: x})
     if conds:
         cond = conds[0]
         for c in conds[1:]:
@@ -495,7 +495,7 @@ class _Jam:
             seen.add(key)
             mapping = {v: rep[v] for v in d}
             mapping.update({x: self._rename(x, rep) for x in locals_})
-            out.append(_rewrite(s, mapping))
+            out.append(rename(s, mapping))
         return out[0] if len(out) == 1 else Block(tuple(out))
 
     def stmt(self, s):
@@ -506,42 +506,6 @@ class _Jam:
         if isinstance(s, If) and not self.of(stmt_exprs(s)):
             return If(s.cond, self.stmt(s.then), None if s.else_ is None else self.stmt(s.else_))
         return self._copies(s, self._stmt_deps(s))
-
-
-def _rewrite(s, mapping):
-    """Statement ``s`` with variables and locals replaced; indices simplified."""
-    def e(x):
-        x = _simplify_loads(substitute(x, mapping))
-        return simplify_index(x) if x.dtype.startswith("int") else x
-    return map_stmt(s, e, lambda x: mapping.get(x, x))
-
-
-def _map_loads(e, fn):
-    """``e`` with every buffer load ``x`` replaced by ``fn(x)`` (``None`` keeps it);
-    each distinct node is visited once."""
-    found = {}
-    stack, seen = [e], set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if isinstance(x, (BufLoad, GuardedLoad)):
-            new = fn(x)
-            if new is not None and new is not x:
-                found[x] = new
-        stack += children(x)
-    return substitute(e, found) if found else e
-
-
-def _with_load(x, buf, index):
-    """A load like ``x`` (plain or guarded) of ``buf[index]``."""
-    return BufLoad(buf, index) if isinstance(x, BufLoad) else GuardedLoad(buf, index, x.cond)
-
-
-def _simplify_loads(e):
-    """Collect the affine part of every load index in ``e``."""
-    return _map_loads(e, lambda x: _with_load(x, x.buffer, simplify_index(x.index)))
 
 
 # ------------------------------------------------------------------ packing
@@ -693,7 +657,7 @@ def _linear(indices, shape):
 
 def _replace_loads(body, replace):
     def fix(e):
-        return _map_loads(e, lambda x: _with_load(x, *replace[(x.buffer, x.index)])
+        return map_loads(e, lambda x: with_load(x, *replace[(x.buffer, x.index)])
                           if (x.buffer, x.index) in replace else None)
 
     def go(s):
@@ -1137,14 +1101,14 @@ def reduce_in_lanes(body: Block, min_trips: int = 0):
                      For(inner_b, _idx(0), _idx(SUM_RUN), None)]
         if all(op == "add" for _, op, _ in accs) and len(chain) > 1 and _trips(chain[-1]) >= 16:
             runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in accs}
-            inner_body = _rewrite(inner, {v_loop.var: first, **runs})
+            inner_body = rename(inner, {v_loop.var: first, **runs})
             last = chain[-1]
             inner_body = Block(tuple(Alloc(runs[acc], ident) for acc, _, ident in accs) + (
                 For(last.var, last.lo, last.extent, _as_block(inner_body)),) + tuple(
                 Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in accs))
             chain = chain[:-1]
         else:
-            inner_body = _rewrite(inner, {v_loop.var: first, **parts})
+            inner_body = rename(inner, {v_loop.var: first, **parts})
         for lp in reversed(chain):
             inner_body = For(lp.var, lp.lo, lp.extent, _as_block(inner_body))
         vector = Simd(lane, _idx(0), lanes, _idx(lanes), Block(
@@ -1153,7 +1117,7 @@ def reduce_in_lanes(body: Block, min_trips: int = 0):
                 for acc, op, ident in accs)))
         out = [vector]
         if n % lanes:                      # the leftover iterations, in masked lanes, after the rest
-            tail_body = _rewrite(inner, {v_loop.var: add(v_loop.lo, add(_idx(full * lanes), lane)), **parts})
+            tail_body = rename(inner, {v_loop.var: add(v_loop.lo, add(_idx(full * lanes), lane)), **parts})
             for lp in reversed(rest):
                 tail_body = For(lp.var, lp.lo, lp.extent, _as_block(tail_body))
             out.append(Simd(lane, _idx(0), lanes, _idx(n % lanes), Block(
@@ -1372,7 +1336,7 @@ def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list):
         buf = Buffer(name, (parts,), acc.dtype, "temp")
         new_buffers.append(buf)
         p, r = var("p"), var(f"{outer.var.name}.c")
-        part_loop = _rewrite(For(r, _idx(0), _idx(chunk), outer.body, outer.kind),
+        part_loop = rename(For(r, _idx(0), _idx(chunk), outer.body, outer.kind),
                              {outer.var: add(add(mul(p, _idx(chunk)), outer.lo), r)})
         body = Block((init[0], part_loop, Store(buf, p, acc)))
         body = reduce_in_lanes(body) or body

@@ -29,7 +29,7 @@ from arith import LinearExpr, LinearSystem, fourier_motzkin, is_feasible, is_imp
 from arith import Var as ArithVar
 
 from . import dtype as dt
-from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, cast, compare, const,
+from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, compare, const,
                    floordiv, is_const, logic_not, maximum, minimum, mod, mul, neg, reduce, select, var)
 from .pretty import expr_str
 from .term import Term
