@@ -320,7 +320,7 @@ def _inline_plan(p: _Shape, reader: Stage):
     or None."""
     loads = [ld for ld in _loads(reader.body) if ld.buffer is p.stage.buffer]
     store = p.body.stmts[-1]
-    if len({ld.index for ld in loads}) != 1 or not isinstance(loads[0], BufLoad) or \
+    if len({ld.index for ld in loads}) != 1 or not all(isinstance(ld, BufLoad) for ld in loads) or \
             not isinstance(store, Store) or store.buffer is not p.stage.buffer:
         return None
     own, read = linear_form(store.index), linear_form(loads[0].index)
