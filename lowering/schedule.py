@@ -301,23 +301,16 @@ def _loop_ranges(nest: _Nest) -> dict:
 
 
 def _guard(e, cond, ranges=None):
-    """``e`` with every load made a :class:`GuardedLoad` under ``cond``, but
-    for loads whose index provably stays in bounds (``ranges``)."""
-    found = {}
-    stack, seen = [e], set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if isinstance(x, BufLoad) and ranges is not None and _in_bounds(x.index, x.buffer.size, ranges):
-            pass
-        elif isinstance(x, BufLoad):
-            found[x] = GuardedLoad(x.buffer, substitute(x.index, found) if found else x.index, cond)
-        elif isinstance(x, GuardedLoad):
-            found[x] = GuardedLoad(x.buffer, x.index, logic_and(x.cond, cond))
-        stack += children(x)
-    return substitute(e, found) if found else e
+    """``e`` with every load made a :class:`GuardedLoad` under ``cond`` (loads
+    inside its index too), but for loads whose index provably stays in
+    bounds (``ranges``)."""
+    def guard(x):
+        if isinstance(x, GuardedLoad):
+            return GuardedLoad(x.buffer, _guard(x.index, cond, ranges), logic_and(x.cond, cond))
+        if ranges is not None and _in_bounds(x.index, x.buffer.size, ranges):
+            return None
+        return GuardedLoad(x.buffer, _guard(x.index, cond, ranges), cond)
+    return map_loads(e, guard)
 
 
 def _single_assign(block):
