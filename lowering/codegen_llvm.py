@@ -39,8 +39,8 @@ from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 
 from .fast_math import FAST_MATH, FAST_MATH_F64
 from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
-                      Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index, stmt_exprs,
-                      stride, substitute, walk)
+                      Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
+                      stage_buffers, stride, substitute, walk)
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -311,7 +311,7 @@ class _FunctionEmitter:
 
     def __init__(self, module: ir.Module, stage: Stage, name: str, avx512: bool = False, read=frozenset()):
         self.module = module
-        self.buffers, self.loaded = _buffers_of(stage)
+        self.buffers, self.loaded = stage_buffers(stage)
         self.loaded = self.loaded | read           # read by this stage or by another one
         args = [PTR] * len(self.buffers) + [I64, I64, PTR]
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
@@ -744,26 +744,6 @@ def _align(buf) -> int:
     return _ITEMSIZE[buf.dtype]
 
 
-def _buffers_of(stage: Stage):
-    """``(buffers, loaded)``: the buffers a stage reads or writes, in first-use order, and those it reads."""
-    seen, loaded = {stage.buffer: None}, set()
-    visited = set()
-    for s in walk(stage.body):
-        if isinstance(s, Store):            # a fused stage stores into several buffers
-            seen.setdefault(s.buffer, None)
-        stack = list(stmt_exprs(s))
-        while stack:
-            e = stack.pop()
-            if e in visited:
-                continue
-            visited.add(e)
-            if isinstance(e, (BufLoad, GuardedLoad)):
-                seen.setdefault(e.buffer, None)
-                loaded.add(e.buffer)
-            stack += children(e)
-    return list(seen), loaded
-
-
 def stage_symbol(n: int) -> str:
     return f"stage{n}"
 
@@ -778,7 +758,7 @@ def emit_module(program: Program, triple: str = "", data_layout: str = "",
     module.triple, module.data_layout = triple, data_layout
     index = {buf: k for k, buf in enumerate(program.buffers)}
     entries = []
-    read = frozenset().union(*(_buffers_of(stage)[1] for stage in program.stages))
+    read = frozenset().union(*(stage_buffers(stage)[1] for stage in program.stages))
     for n, stage in enumerate(program.stages):
         body = _FunctionEmitter(module, stage, stage_symbol(n) + ".body", avx512, read)
         entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR]),

@@ -293,6 +293,25 @@ def map_stmt(s, expr, local=lambda x: x):
 
 
 
+def stage_buffers(stage: Stage):
+    """``(buffers, loaded)``: the buffers ``stage`` reads or writes, in
+    first-use order (its own buffer first), and the set of those it reads."""
+    seen, loaded, visited = {stage.buffer: None}, set(), set()
+    for s in walk(stage.body):
+        if isinstance(s, Store):            # a fused stage stores into several buffers
+            seen.setdefault(s.buffer, None)
+        stack = list(stmt_exprs(s))
+        while stack:
+            e = stack.pop()
+            if e in visited:
+                continue
+            visited.add(e)
+            if isinstance(e, (BufLoad, GuardedLoad)):
+                seen.setdefault(e.buffer, None)
+                loaded.add(e.buffer)
+            stack += children(e)
+    return list(seen), loaded
+
 def map_loads(e: Expr, fn) -> Expr:
     """``e`` with every buffer load ``x`` replaced by ``fn(x)`` (``None`` keeps it);
     each distinct node is visited once."""

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from .codegen_llvm import RUN_STAGES, _buffers_of, chunk_align, emit_module, stage_symbol
-from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
+from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
+from .loop_ir import Block, Const, For, If, Program, Simd, children, stage_buffers, stmt_exprs
 from .lower import lower, validate
 from .schedule import schedule
 
@@ -231,7 +231,7 @@ def _estimate_us(stage) -> float:
     """Estimated time of a stage on one thread, in microseconds: its work
     (:func:`_work`; about 12 units per ns in a register-tiled loop) plus the
     bytes of the buffers it touches at about 60 GB/s (L2)."""
-    return _work(stage.body) / 12e3 + sum(b.nbytes for b in _buffers_of(stage)[0]) / 60e3
+    return _work(stage.body) / 12e3 + sum(b.nbytes for b in stage_buffers(stage)[0]) / 60e3
 
 
 def plan_stages(program: Program, compiled: Compiled) -> list:
