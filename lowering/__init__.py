@@ -3,7 +3,8 @@
 ``build`` and ``cost`` are re-exported by ``te_autodiff`` as ``te.build`` and
 ``te.cost``.
 """
-from .cost import cost
-from .runtime import Kernel, build
+from .pipeline import build, cost
+from .runtime import Kernel
+from .target import Target, target
 
-__all__ = ["build", "cost", "Kernel"]
+__all__ = ["build", "cost", "Kernel", "Target", "target"]

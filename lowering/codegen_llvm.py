@@ -23,12 +23,17 @@ or store whose index grows by one per lane is one vector access, any other
 a gather or scatter; locals declared inside are vectors.  A test or loop
 bound that differs between lanes runs under a lane mask (masked loads,
 stores and assignments; a branch no lane takes is skipped), so any element
-body can run in lanes.  Functions ask for 512-bit vectors (the host's
-``prefer-vector-width`` is 256).  Full 64-byte vectors into an output of
-``STREAM_MIN_BYTES`` or more that no stage reads back are
-streaming (non-temporal) stores: they skip the read for ownership a cached
-store costs, a third of a copy's memory traffic; the stage ends with an
-``sfence``.
+body can run in lanes.
+
+Everything CPU-specific comes from the :class:`~lowering.target.Target`:
+functions ask LLVM for vectors of the target's native width (``Simd``
+loops are never wider, so no masked operation is split below its width);
+AVX-512 math instructions are used only where the target has them.  On a
+target with streaming stores (x86), full native vectors into an output of at
+least :func:`stream_min_bytes` (the power of two at or above L2) that no
+stage reads back are non-temporal stores: they skip the read for ownership
+a cached store costs, a third of a copy's memory traffic; the stage ends
+with an ``sfence``.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ from .fast_math import FAST_MATH, FAST_MATH_F64
 from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
                       Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
                       stage_buffers, stride, substitute, walk)
+from .target import Target
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -56,7 +62,6 @@ INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": 
               "cos": "llvm.cos", "abs": "llvm.fabs", "pow": "llvm.pow", "max": "llvm.maximum",
               "min": "llvm.minimum", "floor": "llvm.floor", "copysign": "llvm.copysign"}
 LIBM = {"tanh": ("tanhf", "tanh"), "log1p": ("log1pf", "log1p")}
-VECTOR_ATTRIBUTES = ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"')
 
 
 def _mangle(t) -> str:
@@ -309,8 +314,9 @@ class _FunctionEmitter:
     an ``If`` or loop whose condition or bounds differ between lanes narrows
     it, and a branch no lane takes is skipped."""
 
-    def __init__(self, module: ir.Module, stage: Stage, name: str, avx512: bool = False, read=frozenset()):
+    def __init__(self, module: ir.Module, stage: Stage, name: str, target: Target, read=frozenset()):
         self.module = module
+        self.target = target
         self.buffers, self.loaded = stage_buffers(stage)
         self.loaded = self.loaded | read           # read by this stage or by another one
         args = [PTR] * len(self.buffers) + [I64, I64, PTR]
@@ -318,7 +324,7 @@ class _FunctionEmitter:
         self.fn.linkage = "internal"
         self.fn.attributes.add("alwaysinline")
         self.fn.attributes.add("nounwind")
-        add_vector_attributes(self.fn)
+        add_vector_attributes(self.fn, target)
         for arg, buf in zip(self.fn.args, self.buffers):
             arg.add_attribute("noalias")
             arg.attributes.dereferenceable = buf.nbytes
@@ -337,7 +343,6 @@ class _FunctionEmitter:
         self.access_group = None
         self.lanes = None
         self.mask = None
-        self.avx512 = avx512        # fast_math may use AVX-512 instructions (vscalefps)
         self.streamed = False
         self.stmt(stage.body)
         if self.streamed:           # order the streaming stores before whatever follows the stage
@@ -636,17 +641,18 @@ class _FunctionEmitter:
 
     def _vector_store(self, buf, base, value, ptr):
         """A full vector store; non-temporal (past the caches, no read for
-        ownership) for a large output no stage reads, at a 64-byte aligned
-        element (outputs are allocated 64-byte aligned)."""
+        ownership) for a large output no stage reads, at an element aligned
+        to the vector (outputs are allocated 64-byte aligned)."""
         form = linear_form(base)
         lanes = value.type.count
-        streaming = (buf.kind == "output" and buf.nbytes >= STREAM_MIN_BYTES and buf not in self.loaded
-                     and lanes * _ITEMSIZE[buf.dtype] == 64 and form is not None
+        streaming = (self.target.streaming_stores and buf.kind == "output"
+                     and buf.nbytes >= stream_min_bytes(self.target) and buf not in self.loaded
+                     and lanes * _ITEMSIZE[buf.dtype] == self.target.vector_bytes and form is not None
                      and all(k % lanes == 0 for k in form[0].values()) and form[1] % lanes == 0)
         if not streaming:
             return self.b.store(value, ptr, align=_align(buf))
         self.streamed = True
-        st = self.b.store(value, ptr, align=64)
+        st = self.b.store(value, ptr, align=self.target.vector_bytes)
         st.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
         return st
 
@@ -729,14 +735,21 @@ _STMT = {
 }
 
 
-def add_vector_attributes(fn):
-    """Let LLVM use full 512-bit vectors (it prefers 256 bits on these CPUs)."""
-    for attr in VECTOR_ATTRIBUTES:
+def add_vector_attributes(fn, target: Target):
+    """Let LLVM use the target's full native vectors (it prefers 256 bits on
+    AVX-512 CPUs) and no wider ones."""
+    bits = target.vector_bytes * 8
+    for attr in (f'"prefer-vector-width"="{bits}"', f'"min-legal-vector-width"="{bits}"'):
         set.add(fn.attributes, attr)
 
 
 _ITEMSIZE = {"bool": 1, "int32": 4, "int64": 8, "float32": 4, "float64": 8}
-STREAM_MIN_BYTES = 1 << 21   # outputs this large (an L2 cache) are written with streaming stores
+
+
+def stream_min_bytes(target: Target) -> int:
+    """Outputs at least this large (the power of two at or above L2: they
+    would evict the stage's working set) are written with streaming stores."""
+    return 1 << (target.l2_bytes - 1).bit_length()
 
 
 def _align(buf) -> int:
@@ -748,22 +761,20 @@ def stage_symbol(n: int) -> str:
     return f"stage{n}"
 
 
-def emit_module(program: Program, triple: str = "", data_layout: str = "",
-                openmp: bool = False, avx512: bool = False) -> ir.Module:
-    """An LLVM module with one entry point ``stageN`` per stage of ``program``
-    and ``run_stages`` running a range of them (splitting stages across
-    threads through libgomp's ``GOMP_parallel`` when ``openmp``).  ``avx512``:
-    the target has AVX-512F (the inline math may use its instructions)."""
+def emit_module(program: Program, target: Target, data_layout: str = "", openmp: bool = False) -> ir.Module:
+    """An LLVM module for ``target`` with one entry point ``stageN`` per stage
+    of ``program`` and ``run_stages`` running a range of them (splitting
+    stages across threads through libgomp's ``GOMP_parallel`` when ``openmp``)."""
     module = ir.Module(name=program.name)
-    module.triple, module.data_layout = triple, data_layout
+    module.triple, module.data_layout = target.triple, data_layout
     index = {buf: k for k, buf in enumerate(program.buffers)}
     entries = []
     read = frozenset().union(*(stage_buffers(stage)[1] for stage in program.stages))
     for n, stage in enumerate(program.stages):
-        body = _FunctionEmitter(module, stage, stage_symbol(n) + ".body", avx512, read)
+        body = _FunctionEmitter(module, stage, stage_symbol(n) + ".body", target, read)
         entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR]),
                             name=stage_symbol(n))
-        add_vector_attributes(entry)
+        add_vector_attributes(entry, target)
         entry.attributes.add("noinline")    # one machine code per stage, whatever calls it: the
         table, lo, hi, err = entry.args     # same bits from run_stages, a thread chunk or Python
         for arg in (table, err):
@@ -774,7 +785,7 @@ def emit_module(program: Program, triple: str = "", data_layout: str = "",
         b.call(body.fn, ptrs + [lo, hi, err])
         b.ret_void()
         entries.append(entry)
-    _emit_run_stages(module, program, entries, openmp)
+    _emit_run_stages(module, program, entries, openmp, target)
     return module
 
 
@@ -809,7 +820,7 @@ def _dispatch(b, fn, n, entries, args_of, after):
         b.branch(after)
 
 
-def _emit_chunk(module, program, entries):
+def _emit_chunk(module, program, entries, target):
     """``run_chunk(i64* ctx)``, run by every thread of a ``GOMP_parallel``
     region: ``ctx = {table, stage, extent, align, err}``; thread ``t`` of ``n``
     runs its contiguous, ``align``-rounded share of the root loop and
@@ -818,7 +829,7 @@ def _emit_chunk(module, program, entries):
     tid_fn = ir.Function(module, i32_fn, name="omp_get_thread_num")
     num_fn = ir.Function(module, i32_fn, name="omp_get_num_threads")
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="run_chunk")
-    add_vector_attributes(fn)
+    add_vector_attributes(fn, target)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     ctx = fn.args[0]
     field = [b.load(b.gep(ctx, [ir.Constant(I64, k)], source_etype=I64), typ=I64) for k in range(5)]
@@ -844,7 +855,7 @@ def _emit_chunk(module, program, entries):
     return fn
 
 
-def _emit_run_stages(module, program, entries, openmp):
+def _emit_run_stages(module, program, entries, openmp, target):
     """``run_stages(i8** buffers, i64 first, i64 last, i64* err, i64 threads,
     i8* split)``: stages ``[first, last)`` in order, each over its whole root
     loop (with ``openmp``, a stage whose ``split`` flag is set runs on
@@ -868,7 +879,7 @@ def _emit_run_stages(module, program, entries, openmp):
     b.position_at_end(dispatch)
     serial = fn.append_basic_block("serial")
     if openmp:
-        chunk = _emit_chunk(module, program, entries)
+        chunk = _emit_chunk(module, program, entries, target)
         gomp = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), name="GOMP_parallel")
         extents = ir.Constant(ir.ArrayType(I64, len(entries)),
                               [root_extent(st) for st in program.stages])

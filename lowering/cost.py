@@ -1,4 +1,4 @@
-"""``te.cost``: exact iteration counts and buffer sizes of the lowered program.
+"""Exact iteration counts of a loop IR program (``te.cost``, see ``pipeline.py``).
 
 Iterations are counted by compiling a counting variant of the program: every
 innermost loop is replaced by ``count += max(extent, 0)``, every other loop
@@ -14,8 +14,8 @@ from te_autodiff.expr import add, const, maximum
 
 from .bounds_check import is_index_only
 from .loop_ir import Block, Buffer, BufLoad, For, If, Program, Stage, Store, walk
-from .lower import lower
 from .runtime import compile_program, execute, plan_stages
+from .target import host_target
 
 
 def _innermost(loop: For) -> bool:
@@ -66,19 +66,5 @@ def count_iterations(program: Program) -> int:
         if body is not None:
             stages.append(Stage(st.name, counter, body))
     counting = Program(f"count_{program.name}", (counter,), tuple(stages), (counter,), ())
-    storage = execute(counting, plan_stages(counting, compile_program(counting)), [])
+    storage = execute(counting, plan_stages(counting, compile_program(counting, host_target())), [])
     return int(storage[counter][0])
-
-
-def cost(inputs, outputs, store=(), recompute=()) -> dict:
-    """``te.cost``: ``iterations`` (innermost loop-body executions), ``temp_bytes``
-    (temporary buffers), ``output_bytes``, ``input_bytes`` and ``stages`` of the
-    program ``te.build`` would compile with the same ``store``/``recompute``."""
-    program = lower(inputs, outputs, store=store, recompute=recompute, schedule=False)
-    return {
-        "iterations": count_iterations(program),
-        "temp_bytes": program.temp_bytes,
-        "output_bytes": sum(b.nbytes for b in program.buffers if b.kind == "output"),
-        "input_bytes": sum(b.nbytes for b in program.inputs),
-        "stages": len(program.stages),
-    }

@@ -42,7 +42,7 @@ class _Ops:
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
         self.n = like.type.count if isinstance(like.type, ir.VectorType) else None
-        self.scalef = self.n == 16 and getattr(fe, "avx512", False)     # vscalefps <16 x float>
+        self.scalef = self.n == 16 and "avx512f" in fe.target.features     # vscalefps <16 x float>
 
     def t(self, scalar):
         return scalar if self.n is None else ir.VectorType(scalar, self.n)

@@ -83,7 +83,6 @@ from te_autodiff.tensor import Tensor
 from te_autodiff.visit import children, rebuild, substitute, topo_order
 
 from .bounds_check import Scope, check_tensor, in_bounds, is_index_only
-from .schedule import schedule as schedule_program
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program,
                       Stage, Store, children as loop_children)
 
@@ -633,7 +632,7 @@ def _checked_form(checked: dict):
     return form
 
 
-def lower(inputs, outputs, name=None, *, store=(), recompute=(), schedule=True) -> Program:
+def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     """The loop IR program computing ``outputs`` from the placeholders ``inputs``.
 
     ``store``/``recompute`` override the store-or-recompute rule (module doc)
@@ -655,4 +654,4 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=(), schedule=True) 
     checks = tuple(key for key, _ in sorted(ctx.checks.items(), key=lambda kv: kv[1]))
     program = Program(name or outputs[0].name, tuple(buffers.values()), stages,
                       tuple(buffers[t] for t in results), checks)
-    return schedule_program(program) if schedule else program      # schedule.py; False: as lowered
+    return program

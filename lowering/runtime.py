@@ -1,9 +1,12 @@
-"""JIT compilation (MCJIT, host CPU), execution, and the callable :class:`Kernel`.
+"""JIT compilation (MCJIT, for a :class:`~lowering.target.Target`), execution, and the callable :class:`Kernel`.
 
-Compiled programs are cached by their typed loop IR text, so building the
-same program twice in a process runs LLVM once.  Stages run in order; a stage
+Compiled programs are cached by their typed loop IR text and target, so
+building the same program twice in a process runs LLVM once.  A program
+built for a CPU this machine cannot run (cross-compilation) is optimised and
+inspectable (``llvm_ir``, ``asm``) but not loaded; calling it raises
+``RuntimeError``.  Stages run in order; a stage
 with enough work is split into contiguous chunks of its parallel root loop
-across ``TE_NUM_THREADS`` threads (default ``min(2, os.cpu_count())``).  A
+across ``TE_NUM_THREADS`` threads (default: the machine's cores).  A
 kernel estimated to take less than ``SERIAL_KERNEL_US`` on one thread runs
 every stage on the calling thread: each split stage costs a fork and a join
 and moves half of its data between cores, more than such a kernel saves.
@@ -39,8 +42,7 @@ import numpy as np
 
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stage_buffers, stmt_exprs
-from .lower import lower, validate
-from .schedule import schedule
+from .target import Target, host_target, initialise_llvm, target_machine
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
 PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
@@ -62,18 +64,12 @@ _threads = None
 # ---------------------------------------------------------------------- LLVM
 
 
-def _new_target_machine():
-    """A target machine for the host CPU.  Each JIT engine takes ownership of
-    (and eventually frees) the one it is given, so every engine gets its own."""
+def _initialise():
     global _initialised
     if not _initialised:
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        llvm.load_library_permanently(ctypes.util.find_library("m"))
+        initialise_llvm()
         _load_openmp()
         _initialised = True
-    return llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
 
 
 _openmp = False
@@ -121,31 +117,49 @@ class Compiled:
     engine: object
     stages: list
     llvm_ir: str
+    target: Target
     run_stages: object = None
     openmp: bool = False
+    unrunnable: str | None = None     # why this machine cannot run it (cross-compiled)
+    _asm: str | None = None
+
+    @property
+    def asm(self) -> str:
+        """The machine code as assembly text for the target (made on first use)."""
+        if self._asm is None:
+            module = llvm.parse_assembly(self.llvm_ir)
+            self._asm = target_machine(self.target).emit_assembly(module)
+        return self._asm
 
 
-def compile_program(program: Program) -> Compiled:
-    """Compile ``program`` for the host CPU (cached by its structure)."""
-    key = program.text(typed=True)
+def compile_program(program: Program, target: Target) -> Compiled:
+    """Compile ``program`` for ``target`` (cached by its structure and target):
+    LLVM IR (``codegen_llvm``), LLVM's optimisation pipeline, then machine code
+    loaded into this process, unless this machine cannot run it."""
+    key = (program.text(typed=True), target)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
             return hit
-        tm = _new_target_machine()
-        avx512 = "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
-        ir_module = emit_module(program, llvm.get_process_triple(), str(tm.target_data), openmp=_openmp,
-                                avx512=avx512)
+        _initialise()
+        tm = target_machine(target)
+        unrunnable = target.missing_on_host()
+        openmp = _openmp and unrunnable is None
+        ir_module = emit_module(program, target, str(tm.target_data), openmp=openmp)
         module = llvm.parse_assembly(str(ir_module))
         module.verify()
         _optimise(module, tm)
-        engine = llvm.create_mcjit_compiler(module, tm)
-        engine.finalize_object()
-        stages = [_STAGE_FN(engine.get_function_address(stage_symbol(n)))
-                  for n in range(len(program.stages))]
-        run = _RUN_FN(engine.get_function_address(RUN_STAGES))
-        _cache[key] = compiled = Compiled(engine, stages, str(module), run, _openmp)
+        if unrunnable is not None:
+            compiled = Compiled(None, [], str(module), target, unrunnable=unrunnable)
+        else:
+            engine = llvm.create_mcjit_compiler(module, tm)
+            engine.finalize_object()
+            stages = [_STAGE_FN(engine.get_function_address(stage_symbol(n)))
+                      for n in range(len(program.stages))]
+            run = _RUN_FN(engine.get_function_address(RUN_STAGES))
+            compiled = Compiled(engine, stages, str(module), target, run, openmp)
+        _cache[key] = compiled
         if len(_cache) > CACHE_SIZE:        # kernels keep their own engine alive
             _cache.popitem(last=False)
         return compiled
@@ -158,7 +172,7 @@ def num_threads() -> int:
     """Threads a large stage is split across (the calling thread included)."""
     global _threads
     if _threads is None:
-        _threads = max(1, int(os.environ.get("TE_NUM_THREADS", min(2, os.cpu_count() or 1))))
+        _threads = max(1, int(os.environ.get("TE_NUM_THREADS", host_target().threads)))
     return _threads
 
 
@@ -437,20 +451,34 @@ class _Runner:
 class Kernel:
     """A compiled program: ``kernel(*arrays)`` returns the outputs as new arrays
     (one array when there is one output).  ``loop_ir`` is the lowered program
-    (before scheduling), ``scheduled_ir`` the program after ``schedule.py``
-    (what is compiled) and ``llvm_ir`` the optimised LLVM module, as text."""
+    (before fusion and scheduling), ``scheduled_ir`` the program after
+    ``schedule`` (what is compiled), ``llvm_ir`` the optimised LLVM module and
+    ``asm`` its assembly, as text; ``target`` the CPU it was built for."""
 
     def __init__(self, program: Program, compiled: Compiled, inputs, outputs, lowered=None):
         self.name = program.name
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self.target = compiled.target
         self.loop_ir = str(program if lowered is None else lowered)
         self.scheduled_ir = str(program)
         self.llvm_ir = compiled.llvm_ir
         self.program = program
         self._compiled = compiled
-        self._stages = plan_stages(program, compiled)
-        self._run = _Runner(program, compiled, self._stages)
+        if compiled.unrunnable is None:
+            self._stages = plan_stages(program, compiled)
+            self._run = _Runner(program, compiled, self._stages)
+        else:
+            self._run = self._refuse
+
+    @property
+    def asm(self) -> str:
+        """The kernel's machine code for its target, as assembly text."""
+        return self._compiled.asm
+
+    def _refuse(self, arrays):
+        raise RuntimeError(f"kernel '{self.name}' was built for target '{self.target.name}' "
+                           f"({self.target.cpu}) and cannot run here: {self._compiled.unrunnable}")
 
     def _check(self, arrays) -> list:
         if len(arrays) != len(self.inputs):
@@ -479,12 +507,3 @@ class Kernel:
         outs = ", ".join(t.name for t in self.outputs)
         return f"<Kernel {self.name}({ins}) -> ({outs})>"
 
-
-def build(inputs, outputs, name=None, store=(), recompute=()) -> Kernel:
-    """``te.build``: compile ``outputs`` as functions of the placeholders ``inputs``.
-    ``store``/``recompute``: tensors always kept in a buffer / always inlined
-    (overrides of the store-or-recompute rule, see ``lower.py``)."""
-    inputs, outputs, _ = validate(inputs, outputs)
-    lowered = lower(inputs, outputs, name, store=store, recompute=recompute, schedule=False)
-    program = schedule(lowered)
-    return Kernel(program, compile_program(program), inputs, outputs, lowered)

@@ -1,5 +1,9 @@
 """The automatic schedule: a loop IR to loop IR pass, one rule-based plan per stage.
 
+Every figure that depends on the CPU (lanes, register tile, K block, panel
+and row-block sizes) comes from :func:`blocking` of the
+:class:`~lowering.target.Target` the pipeline passes in.
+
 ``lower.py`` gives every stage the same shape: a row-major nest of *output
 loops* (one per axis of the stored tensor, the outermost ``parallel``) around
 an *element body* that computes one element (reductions as accumulator
@@ -34,8 +38,9 @@ Rules, in the order they are tried for a stage:
    loop is scored the same way: when it wins (a row reduction such as a
    softmax denominator) each element's reduction runs in vector lanes
    (:func:`reduce_in_lanes`).  Otherwise the best output axis ``j`` becomes
-   a :class:`~lowering.loop_ir.Simd` loop of ``64 bytes / element size``
-   lanes (16 float32), the last vector masked.  A stage that stores one
+   a :class:`~lowering.loop_ir.Simd` loop of one native vector of lanes
+   (``Blocking.lanes``: 16 float32 on AVX-512, 8 on AVX2), the last
+   vector masked.  A stage that stores one
    element gets its reduction in lanes as well.
 4. **Tests to selects.**  An ``If`` whose condition differs between lanes
    and whose branches assign one value to one local (a padding test) becomes
@@ -64,7 +69,7 @@ Rules, in the order they are tried for a stage:
       panels ``P[j tile][k...][NR vectors]`` and a broadcast operand whose
       rows are adjacent but whose reduction steps are not (``A[k, i]``) into
       row panels ``P[i tile][k...][MR]``, when it is larger than L1
-      (``PANEL_MIN_BYTES``) and re-read ``PACK_MIN_REUSE`` times: each tile
+      (``Blocking.panel_min_bytes``) and re-read ``PACK_MIN_REUSE`` times: each tile
       then reads one contiguous, aligned block per operand (no cache-set
       conflicts between rows a power of two apart, no split loads from
       unaligned inputs).  Transposed copies (rule 5) take the panel layout.
@@ -74,13 +79,13 @@ Rules, in the order they are tried for a stage:
       for every tap ``d``) hold on an interior range of ``i``: the row range
       is cut into border, interior (whole tiles, without those tests) and
       border (:func:`_peeled`).
-7. **K blocks and row blocks.**  A GEMM reduction longer than ``K_BLOCK_MIN``
-   is cut into equal blocks of at most ``K_BLOCK``, each resuming from the
+7. **K blocks and row blocks.**  A GEMM reduction longer than ``k_block_min``
+   is cut into equal blocks of at most ``k_block``, each resuming from the
    partial sums left in the output, and the loops are ordered column tiles,
    K blocks, row tiles: a block x tile-width slice of the packed operand
    stays in L1 (:func:`_k_blocked`; the same additions in the same order).
    With several column tiles and a row operand larger than
-   ``ROW_BLOCK_BYTES``, the row tiles are visited in a power-of-two number
+   ``row_block_bytes``, the row tiles are visited in a power-of-two number
    of blocks outside the column tiles, each block staying in L2 while the
    column panels pass (:func:`_row_blocks`).
 8. **Gather blocks.**  When the vector loop gathers (a transposed read), the
@@ -104,27 +109,73 @@ from te_autodiff import dtype as dt
 from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Logic, Select, Var, add, compare, const, logic_and,
                               logic_not, maximum, minimum, mul, select, sub, var)
 
-from .fuse import fuse
-from .loop_ir import (SIMD_WIDTH_BYTES, Alloc, Assign, Block, Buffer, BufLoad, Check, For, GuardedLoad,
+from .target import Target
+from .loop_ir import (Alloc, Assign, Block, Buffer, BufLoad, Check, For, GuardedLoad,
                       If, LaneReduce, Local, Program, Simd, Stage, Store, children, free_leaves, linear_form,
                       map_loads, rename, simplify_index, stmt_exprs, stride, substitute, with_load)
 
 UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
 MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop
 GEMM_MIN_TRIPS = 8           # a reduction this long is worth register tiling
-TILE_ROWS = 8                # MR: rows of a register tile
-TILE_VECTORS = 2             # NR: vectors of a register tile
+TILE_VECTORS = 2             # NR: vectors of a register tile (one row of a tile is two vectors)
+MAX_TILE_ROWS = 8            # MR at most: more rows add remainder code more than they save loads
 PACK_MIN_REUSE = 4           # pack an operand only if it is re-read at least this often
-PANEL_MIN_BYTES = 1 << 16    # GEMM operands at least this large (more than L1) are read from panels
 SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
 SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element (a fixed number)
 SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split
 PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead
-DOT_TILE = 4                 # rows and columns of a dot-product register tile
-K_BLOCK = 256                # reduction iterations per block of a long GEMM reduction
-ROW_BLOCK_BYTES = 1 << 19    # GEMM row operands larger than this are visited in blocks (half of L2)
-K_BLOCK_MIN = 384            # longer reductions than this are blocked
 GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """The schedule's figures for one :class:`~lowering.target.Target`, each
+    derived from the target's description (never tuned to one CPU):
+
+    * ``lanes(itemsize)``: one native vector of elements (16 float32 on
+      AVX-512, 8 on AVX2, 4 on SSE and NEON);
+    * register tile ``tile_rows x TILE_VECTORS`` vectors: the accumulators
+      plus the ``TILE_VECTORS`` vector loads and one broadcast of a
+      reduction step fill the register file (16 registers: 6 x 2, BLIS's
+      haswell 6x16; 32 registers: 8 x 2, capped by ``MAX_TILE_ROWS``);
+    * ``dot_tile``: the largest ``t`` with ``t*t`` accumulators and ``2t``
+      operand vectors in the registers (4 with 32, 3 with 16);
+    * ``k_block``: reduction steps per block, the largest power of two whose
+      packed ``k_block x TILE_VECTORS`` vector slice fills at most two thirds
+      of L1 (the rest holds a row tile's operands and the output tile);
+      longer reductions than ``1.5 k_block`` are blocked;
+    * ``panel_min_bytes``: operands larger than L1 (the power of two at or
+      above it) are read from panels;
+    * ``row_block_bytes``: half of L2 (a power of two), the row operand's
+      share while the column panels pass."""
+
+    target: Target
+    tile_rows: int
+    dot_tile: int
+    k_block: int
+    panel_min_bytes: int
+    row_block_bytes: int
+
+    @property
+    def k_block_min(self) -> int:
+        return self.k_block * 3 // 2
+
+    def lanes(self, itemsize: int) -> int:
+        return self.target.lanes(itemsize)
+
+
+def blocking(target: Target) -> Blocking:
+    """The :class:`Blocking` of ``target`` (see there for each derivation)."""
+    regs = target.vector_registers
+    rows = min(MAX_TILE_ROWS, (regs - TILE_VECTORS - 1) // TILE_VECTORS)
+    dot = max(t for t in range(1, 9) if t * t + 2 * t <= regs)
+    k_block = _pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
+    return Blocking(target, rows, dot, k_block, 1 << (target.l1_bytes - 1).bit_length(),
+                    _pow2_floor(target.l2_bytes // 2))
 
 
 _COMBINE = {"add": add, "mul": mul, "max": maximum, "min": minimum}
@@ -223,10 +274,9 @@ def _accesses(body) -> list:
     return out
 
 
-def _lanes(accesses) -> int:
+def _lanes(accesses, bl: Blocking) -> int:
     """Lanes of a vector register for the widest element ``accesses`` read or write."""
-    widest = max([np.dtype(a.buffer.dtype).itemsize for a in accesses] + [4])
-    return SIMD_WIDTH_BYTES // widest
+    return bl.lanes(max([np.dtype(a.buffer.dtype).itemsize for a in accesses] + [4]))
 
 
 def _vector_cost(accesses, v, lanes, extent) -> float:
@@ -548,7 +598,8 @@ def _pack_plan(nest: _Nest, j: Var, accesses) -> list:
     return plan
 
 
-def _panel_plan(nest: _Nest, accesses, i: Var, j: Var, gathers, mr: int, width: int, tiles) -> list:
+def _panel_plan(nest: _Nest, accesses, i: Var, j: Var, gathers, mr: int, width: int, tiles,
+                bl: Blocking) -> list:
     """The copies that give a register-tiled GEMM contiguous operands (rule 6a):
     the operand read in vector lanes (moves with ``j``, not with ``i``) as
     column panels ``P[j tile][r...][width]`` and a broadcast operand whose
@@ -557,7 +608,7 @@ def _panel_plan(nest: _Nest, accesses, i: Var, j: Var, gathers, mr: int, width: 
     contiguous, aligned block per operand (no cache-set conflicts between
     rows a large stride apart, no split loads from unaligned inputs), and
     a column panel stays in L1 while the row tiles run.  Copied only when
-    the operand does not fit in L1 (``PANEL_MIN_BYTES``) and each element is
+    the operand does not fit in L1 (``bl.panel_min_bytes``) and each element is
     re-read ``PACK_MIN_REUSE`` times; a temporary already laid out as the
     panel is read in place.  ``gathers`` (the transposed copies of
     :func:`_pack_plan`) take the panel layout.  ``tiles`` are the tile
@@ -579,7 +630,7 @@ def _panel_plan(nest: _Nest, accesses, i: Var, j: Var, gathers, mr: int, width: 
         else:
             continue
         box = _box(a, axis, extents[axis])
-        if box is None or prod(n for _, _, n in box) * np.dtype(a.buffer.dtype).itemsize < PANEL_MIN_BYTES:
+        if box is None or prod(n for _, _, n in box) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes:
             continue
         in_place = substitute(_panel_index(box, size, tile), {tile: _idx(0)})
         if a.buffer.kind == "temp" and extents[axis] <= size and \
@@ -762,7 +813,7 @@ def _peeled(extent: int, mr: int, body, i: Var, inner: dict):
 # ------------------------------------------------------------------- tiling
 
 
-def _gemm_rows(nest: _Nest, body, j: Var, accesses, inner: dict):
+def _gemm_rows(nest: _Nest, body, j: Var, accesses, inner: dict, bl: Blocking):
     """The output variable to register-tile with ``j``, or None: the body must
     run a reduction whose bounds read neither, in which some load does not
     move with ``j`` (a broadcast) and some load does not move with it.
@@ -788,7 +839,7 @@ def _gemm_rows(nest: _Nest, body, j: Var, accesses, inner: dict):
         score = sum(a.weight for a in reads if stride(a.index, v) == 0 and stride(a.index, j) != 0)
         moves = [stride(a.index, v) for a in reads if stride(a.index, j) == 0 and stride(a.index, v) != 0]
         spread = max((float("inf") if m is None else abs(m) for m in moves), default=0)
-        key = (score, _interior(body, v, inner) is not None, min(n, TILE_ROWS), -spread)
+        key = (score, _interior(body, v, inner) is not None, min(n, bl.tile_rows), -spread)
         if score > 0 and (best_key is None or key > best_key):
             best, best_key = v, key
     return best
@@ -820,17 +871,17 @@ def _tiled(extent: int, size: int, var_: Var, make, block=None) -> object:
     return For(var_, _idx(0), _idx(full + 1), Block((test,)))
 
 
-def _row_blocks(accesses, i: Var, j: Var, i_extent: int) -> int:
+def _row_blocks(accesses, i: Var, j: Var, i_extent: int, bl: Blocking) -> int:
     """Blocks of row tiles for a GEMM with several column tiles whose row
     operand (the loads that move with ``i``, not with ``j``) is larger than
-    ``ROW_BLOCK_BYTES``: a power of two, so that the blocks of rows (the
+    ``bl.row_block_bytes``: a power of two, so that the blocks of rows (the
     parallel root) split evenly, each block small enough to stay in L2 while
     the column panels pass."""
     size = max((i_extent * prod(_trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
                 for a in accesses if a.loops and not a.store and stride(a.index, j) == 0
                 and stride(a.index, i) != 0), default=0)
     blocks = 1
-    while size > blocks * ROW_BLOCK_BYTES:
+    while size > blocks * bl.row_block_bytes:
         blocks *= 2
     return blocks
 
@@ -840,10 +891,10 @@ def _lt(v, n):
     return compare("lt", v, _idx(n))
 
 
-def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
+def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers, bl: Blocking):
     nest = _Nest(nest.loops, offset_loops(nest.body, set(nest.vars)))
     accesses = _accesses(nest.body)
-    lanes = _lanes(accesses)
+    lanes = _lanes(accesses, bl)
     plans = {v: _pack_plan(nest, v, accesses) for v in nest.vars}
     costs = {}
     for v, n in zip(nest.vars, nest.extents):
@@ -855,7 +906,7 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
         costs[v] += sum(prod(n for _, _, n in box) for _, box, _ in plans[v]) / prod(nest.extents)
     j = min(reversed(nest.vars), key=lambda v: costs[v])
     if costs[j] == float("inf"):
-        body = _lane_reduction(nest)
+        body = _lane_reduction(nest, bl)
         if body is None:
             return [stage]
         return [Stage(stage.name, stage.buffer, _assemble(nest.loops[:-1] + [
@@ -865,13 +916,13 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
         inner = [a for a in accesses if red in a.loops]
         if _vector_cost(inner, red.var, lanes, red.extent.value) < costs[j] * 0.5:
             # a row reduction: each element's reduction runs in vector lanes
-            body = reduce_in_lanes(nest.body)
+            body = reduce_in_lanes(nest.body, bl)
             if body is None:
                 return [stage]
             return [Stage(stage.name, stage.buffer, _assemble(nest.loops[:-1] + [
                 For(nest.loops[-1].var, nest.loops[-1].lo, nest.loops[-1].extent, body)]))]
     if plans[j] and sum(a.buffer.nbytes for a, _, _ in plans[j]) > PACK_MAX_BYTES:
-        dot = _dot_tiles(nest, j)          # a large copy costs more than horizontal sums
+        dot = _dot_tiles(nest, j, bl)          # a large copy costs more than horizontal sums
         if dot is not None:
             return [Stage(stage.name, stage.buffer, dot)]
     ranges = _loop_ranges(nest)
@@ -879,13 +930,13 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
     body = if_to_select(nest.body, j, ranges)
     accesses = _accesses(body)
     j_extent = nest.extents[nest.vars.index(j)]
-    lanes = _lanes([a for a in accesses if stride(a.index, j) != 0])
+    lanes = _lanes([a for a in accesses if stride(a.index, j) != 0], bl)
     lanes = min(lanes, max(4, 1 << (j_extent - 1).bit_length()))
-    i = _gemm_rows(nest, body, j, accesses, inner)
-    mr = min(TILE_ROWS, nest.extents[nest.vars.index(i)]) if i is not None else 1
+    i = _gemm_rows(nest, body, j, accesses, inner, bl)
+    mr = min(bl.tile_rows, nest.extents[nest.vars.index(i)]) if i is not None else 1
     nr = min(TILE_VECTORS, -(-j_extent // lanes)) if i is not None else 1
     jt, it = var(f"{j.name}.t"), var(f"{i.name if i is not None else j.name}.t")    # tile numbers
-    plan = plans[j] if i is None else _panel_plan(nest, accesses, i, j, plans[j], mr, nr * lanes, (jt, it))
+    plan = plans[j] if i is None else _panel_plan(nest, accesses, i, j, plans[j], mr, nr * lanes, (jt, it), bl)
     body = _pack(body, plan, taken, new_stages, new_buffers)
     accesses = _accesses(body)
     column_panels = any(p is not None and p[1] is jt for _, _, p in plan)
@@ -903,7 +954,7 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
         new_buffers.append(buf)
         return buf, _linear(order, shape)
 
-    k_blocked = _k_blocked(body, stage.buffer, kb, j, partial_sums) if i is not None else None
+    k_blocked = _k_blocked(body, stage.buffer, kb, j, partial_sums, bl) if i is not None else None
     epilogue = None
     if k_blocked is not None:
         body, n_kb, epilogue = k_blocked
@@ -955,7 +1006,7 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
         tiles = -(-i_extent // mr)
         columns_first = k_blocked is not None or column_panels
         per_block = tiles if not columns_first or j_extent <= nr * lanes else \
-            -(-tiles // _row_blocks(accesses, i, j, i_extent))
+            -(-tiles // _row_blocks(accesses, i, j, i_extent, bl))
         row_panels = any(p is not None and p[1] is it for _, _, p in plan)
         # peeled rows are sibling loops: another output loop must be the parallel root
         segments = None if row_panels or per_block < tiles or len(nest.vars) < 3 \
@@ -995,7 +1046,7 @@ def _schedule_nest(nest: _Nest, stage: Stage, taken, new_stages, new_buffers):
         return [Stage(stage.name, stage.buffer, nest_ir)]
     sums, store = epilogue
     tail = Stage(stage.name, stage.buffer, _assemble(nest.loops, Block((store,))))
-    return [Stage(sums.name, sums, nest_ir)] + schedule_stage(tail, taken, new_buffers)
+    return [Stage(sums.name, sums, nest_ir)] + schedule_stage(tail, taken, new_buffers, bl)
 
 
 _COMBINE_OPS = ("add", "mul", "max", "min")
@@ -1028,15 +1079,15 @@ def _perfect_nest(s):
     return None
 
 
-def _lane_reduction(nest: _Nest):
+def _lane_reduction(nest: _Nest, bl: Blocking):
     """A stage that stores one element computed by a reduction (a loss): see
     :func:`reduce_in_lanes`.  Returns the new element body or None."""
     if any(n != 1 for n in nest.extents):
         return None
-    return reduce_in_lanes(nest.body)
+    return reduce_in_lanes(nest.body, bl)
 
 
-def reduce_in_lanes(body: Block, min_trips: int = 0):
+def reduce_in_lanes(body: Block, bl: Blocking, min_trips: int = 0):
     """Spread the iterations of the first reduction loop nest of ``body`` over
     vector lanes: each lane combines its own share in order into its own
     partial value per accumulator, the lanes are combined pairwise at the
@@ -1069,7 +1120,7 @@ def reduce_in_lanes(body: Block, min_trips: int = 0):
         if len(accs) != len(writes) or any(isinstance(x, (For, Simd)) for x in _walk(inner)):
             continue
         accesses = _accesses(inner)
-        lanes = _lanes(accesses)
+        lanes = _lanes(accesses, bl)
         costs = {lp.var: _vector_cost(accesses, lp.var, lanes, lp.extent.value) for lp in loops}
         v_loop = min(reversed(loops), key=lambda lp: costs[lp.var])
         n = v_loop.extent.value
@@ -1133,9 +1184,9 @@ def _as_block(s):
     return s if isinstance(s, Block) else Block((s,))
 
 
-def _dot_tiles(nest: _Nest, j: Var):
+def _dot_tiles(nest: _Nest, j: Var, bl: Blocking):
     """Register tiles for ``C[i, j] = sum_k A[i, k] B[j, k]`` without copying
-    ``B``: a tile of ``DOT_TILE x DOT_TILE`` elements shares one reduction loop
+    ``B``: a tile of ``bl.dot_tile x bl.dot_tile`` elements shares one reduction loop
     (unroll and jam, as scalars), and that loop runs in vector lanes along
     ``k``, where both operands are contiguous (:func:`reduce_in_lanes`);
     each element's lanes are added pairwise at the end.  Returns the stage
@@ -1151,14 +1202,14 @@ def _dot_tiles(nest: _Nest, j: Var):
     def tile(ib, n_rows, jb, n_cols):
         reps = [{i: add(ib, _idx(r)), j: add(jb, _idx(c))} for r in range(n_rows) for c in range(n_cols)]
         jammed = _Jam(nest.body, reps, {i, j}, f"{next(tags)}.").out
-        out = reduce_in_lanes(jammed, min_trips=2 * SIMD_WIDTH_BYTES // 4)
+        out = reduce_in_lanes(jammed, bl, min_trips=2 * bl.lanes(4))
         if out is None:
             failed.append(True)
             return jammed
         return out
 
-    inner = _tiled(j_extent, DOT_TILE, var(f"{j.name}.o"), lambda jb, nc, _: Block((
-        _tiled(i_extent, DOT_TILE, var(f"{i.name}.o"), lambda ib, nr_, _: tile(ib, nr_, jb, nc)),)))
+    inner = _tiled(j_extent, bl.dot_tile, var(f"{j.name}.o"), lambda jb, nc, _: Block((
+        _tiled(i_extent, bl.dot_tile, var(f"{i.name}.o"), lambda ib, nr_, _: tile(ib, nr_, jb, nc)),)))
     if failed:
         return None
     outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
@@ -1166,9 +1217,9 @@ def _dot_tiles(nest: _Nest, j: Var):
     return _assemble(_choose_root(chain), chain[-1].body)
 
 
-def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var, partial_sums):
+def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var, partial_sums, bl: Blocking):
     """Split the reduction loop of a GEMM-like element body into equal blocks
-    of at most ``K_BLOCK`` iterations (784 = 4 x 196: no short last block
+    of at most ``bl.k_block`` iterations (784 = 4 x 196: no short last block
     paying a whole block's loads and stores of the accumulators), block
     ``kb`` resuming from the partial sum left in the output element by block
     ``kb - 1`` (the epilogue runs after the last block).  Each element still
@@ -1191,7 +1242,7 @@ def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var, partial_sums):
         return None
     loop = stmts[-2]
     if not (isinstance(loop.lo, Const) and isinstance(loop.extent, Const)) \
-            or loop.extent.value <= K_BLOCK_MIN:
+            or loop.extent.value <= bl.k_block_min:
         return None
     writes = {x.local for x in _walk(loop) if isinstance(x, Assign)}
     declared = {x.local for x in _walk(loop) if isinstance(x, Alloc)}
@@ -1204,7 +1255,7 @@ def _k_blocked(body: Block, out: Buffer, kb: Var, j: Var, partial_sums):
     in_place = stride(store.index, j) == 1 and acc.dtype == out.dtype
     sums, at = (out, store.index) if in_place else partial_sums(acc.dtype)
     n = loop.extent.value
-    blocks = -(-n // K_BLOCK)
+    blocks = -(-n // bl.k_block)
     size = -(-n // blocks)
     lo = add(loop.lo, mul(kb, _idx(size)))
     extent = _idx(size) if n % size == 0 else minimum(_idx(size), sub(_idx(n), mul(kb, _idx(size))))
@@ -1276,22 +1327,22 @@ def _assemble(chain, body=None):
 # --------------------------------------------------------------------- pass
 
 
-def schedule_stage(stage: Stage, taken: set, new_buffers: list) -> list:
+def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) -> list:
     """The scheduled form of one stage: a list of stages (packing copies first).
     ``taken`` holds the buffer names in use; new temporaries join ``new_buffers``."""
     nest = _nest(stage)
     if nest is None or any(isinstance(s, Simd) for s in _walk(stage.body)):
         return [stage]                   # not as lowered, or scheduled already
-    split = _split_reduction(nest, stage, taken, new_buffers)
+    split = _split_reduction(nest, stage, taken, new_buffers, bl)
     if split is not None:
         return split
     new_stages = []
-    out = _schedule_nest(nest, stage, taken, new_stages, new_buffers)
-    packed = [s for st in new_stages for s in schedule_stage(st, taken, new_buffers)]
+    out = _schedule_nest(nest, stage, taken, new_stages, new_buffers, bl)
+    packed = [s for st in new_stages for s in schedule_stage(st, taken, new_buffers, bl)]
     return packed + out
 
 
-def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list):
+def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list, bl: Blocking):
     """A stage that reduces a large domain to one element (a loss) would run on
     one thread.  Its outermost reduction loop is cut into ``P`` equal parts,
     a fixed number that does not depend on the thread count: a first stage
@@ -1332,7 +1383,7 @@ def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list):
         part_loop = rename(For(r, _idx(0), _idx(chunk), outer.body, outer.kind),
                              {outer.var: add(add(mul(p, _idx(chunk)), outer.lo), r)})
         body = Block((init[0], part_loop, Store(buf, p, acc)))
-        body = reduce_in_lanes(body) or body
+        body = reduce_in_lanes(body, bl) or body
         first = Stage(name, buf, For(p, _idx(0), _idx(parts), body, "parallel"))
         q = var("q")
         combine = For(q, _idx(0), _idx(parts), Block((Assign(acc, _COMBINE[op](acc, BufLoad(buf, q))),)))
@@ -1343,19 +1394,18 @@ def _split_reduction(nest: _Nest, stage: Stage, taken: set, new_buffers: list):
     return None
 
 
-def _splits(extents) -> bool:
+def splits_reduction(extents) -> bool:
     """Whether :func:`_split_reduction` spreads a reduction to one element over ``extents`` across threads."""
     return prod(extents) >= SPLIT_MIN_WORK and any(extents[0] % p == 0 for p in SPLIT_PARTS)
 
 
-def schedule(program: Program, fusion: bool = True) -> Program:
-    """``program`` with its stages fused (``fuse.py``; not with ``fusion=False``)
-    and every stage scheduled (see the module doc); a pure function."""
-    if fusion:
-        program = fuse(program, _splits)
+def schedule(program: Program, target: Target) -> Program:
+    """``program`` with every stage scheduled for ``target`` (see the module
+    doc); a pure function."""
+    bl = blocking(target)
     stages, new_buffers = [], []
     taken = {b.name for b in program.buffers}
     for st in program.stages:
-        stages += schedule_stage(st, taken, new_buffers)
+        stages += schedule_stage(st, taken, new_buffers, bl)
     return Program(program.name, program.buffers + tuple(new_buffers), tuple(stages),
                    program.results, program.checks)

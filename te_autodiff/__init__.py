@@ -14,22 +14,30 @@ from .pretty import pretty
 from .testing import check_gradient
 
 
-def build(inputs, outputs, name=None, store=(), recompute=()):
-    """Compile ``outputs`` as functions of the placeholders ``inputs`` (see lowering.build);
-    tensors in ``store`` always get a buffer, tensors in ``recompute`` are always inlined."""
+def build(inputs, outputs, name=None, store=(), recompute=(), target=None):
+    """Compile ``outputs`` as functions of the placeholders ``inputs`` for
+    ``target`` (see lowering.build); tensors in ``store`` always get a buffer,
+    tensors in ``recompute`` are always inlined."""
     from lowering import build as _build
-    return _build(inputs, outputs, name=name, store=store, recompute=recompute)
+    return _build(inputs, outputs, name=name, store=store, recompute=recompute, target=target)
 
 
-def cost(inputs, outputs, store=(), recompute=()) -> dict:
+def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
     """Exact iteration count and temporary bytes of the lowered program (see lowering.cost)."""
     from lowering import cost as _cost
-    return _cost(inputs, outputs, store=store, recompute=recompute)
+    return _cost(inputs, outputs, store=store, recompute=recompute, target=target)
+
+
+def target(name=None):
+    """The CPU description kernels are compiled for: ``name`` as in
+    ``te.build(..., target=name)`` (None: ``TE_TARGET`` or this machine)."""
+    from lowering import target as _target
+    return _target(name)
 
 
 __all__ = [
     "DTYPES", "Expr", "Var", "Tensor", "placeholder", "compute", "reduce_axis", "sum", "max", "min",
     "prod", "const", "equal", "not_equal", "all", "any", "not_", "if_then_else", "select", "maximum",
     "minimum", "power", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos", "abs",
-    "gradient", "jacobian", "pretty", "check_gradient", "build", "cost",
+    "gradient", "jacobian", "pretty", "check_gradient", "build", "cost", "target",
 ]

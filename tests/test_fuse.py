@@ -8,22 +8,23 @@ import pytest
 import te_autodiff as te
 from lowering import runtime
 from lowering.lower import lower
-from lowering.schedule import SPLIT_MIN_WORK, schedule
+from lowering.pipeline import schedule_program
+from lowering.schedule import SPLIT_MIN_WORK
 
 RNG = np.random.default_rng(11)
 
 
 def run(program, arrays):
-    compiled = runtime.compile_program(program)
+    compiled = runtime.compile_program(program, te.target())
     storage = runtime.execute(program, runtime.plan_stages(program, compiled), arrays)
     return [storage[b] for b in program.results]
 
 
 def both(inputs, outputs, arrays, **kw):
     """``(fused program, fused results, unfused results)``."""
-    lowered = lower(inputs, outputs, schedule=False, **kw)
-    fused = schedule(lowered)
-    return fused, run(fused, arrays), run(schedule(lowered, fusion=False), arrays)
+    lowered = lower(inputs, outputs, **kw)
+    fused = schedule_program(lowered, te.target())
+    return fused, run(fused, arrays), run(schedule_program(lowered, te.target(), fusion=False), arrays)
 
 
 def temps(program):
@@ -50,7 +51,7 @@ def test_loss_and_gradient_run_in_one_pass_without_the_forward_buffer():
     x, H, loss, dx = elementwise_loss(n)
     xs, hs = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
     fused, got, want = both([x, H], [loss, dx], [xs, hs])
-    assert temps(schedule(lower([x, H], [loss, dx], schedule=False), fusion=False)) == ["loss.parts", "y"]
+    assert temps(schedule_program(lower([x, H], [loss, dx]), te.target(), fusion=False)) == ["loss.parts", "y"]
     assert temps(fused) == ["loss+dx.parts"]             # y lives in registers only
     assert [st.name for st in fused.stages] == ["loss+dx.parts", "loss+dx"]
     assert_same(got, want)

@@ -5,17 +5,19 @@ import pytest
 
 import te_autodiff as te
 from lowering import runtime
+from lowering.codegen_llvm import stream_min_bytes
 from lowering.loop_ir import If, Simd, walk
 from lowering.lower import lower
-from lowering.schedule import schedule
+from lowering.pipeline import schedule_program
+from lowering.schedule import TILE_VECTORS, blocking
 
 RNG = np.random.default_rng(2024)
 
 
 def unscheduled(inputs, outputs, arrays):
     """Run the program as lowered (scalar loops, no schedule)."""
-    program = lower(inputs, outputs, schedule=False)
-    compiled = runtime.compile_program(program)
+    program = lower(inputs, outputs)
+    compiled = runtime.compile_program(program, te.target())
     storage = runtime.execute(program, runtime.plan_stages(program, compiled), arrays)
     return [storage[b] for b in program.results]
 
@@ -113,30 +115,36 @@ def has_simd(st):
 
 def test_lower_without_schedule_and_kernel_texts():
     A, B, C = matmul(16, 8, 32)
-    plain = lower([A, B], [C], schedule=False)
+    plain = lower([A, B], [C])
     assert not has_simd(plain.stages[0])
     kernel = te.build([A, B], [C])
     assert kernel.loop_ir == str(plain)
-    assert "simd[16]" in kernel.scheduled_ir and "simd" not in kernel.loop_ir
+    lanes = te.target().lanes(4)
+    assert f"simd[{lanes}]" in kernel.scheduled_ir and "simd" not in kernel.loop_ir
 
 
 def test_schedule_is_idempotent_and_pure():
     A, B, C = matmul(40, 24, 50)
     H = te.placeholder(C.shape, "float32", "H")
     dA, dB = te.gradient(C, [A, B], head=H)
-    plain = lower([A, B, H], [C, dA, dB], schedule=False)
-    once = schedule(plain)
-    assert str(schedule(plain)) == str(once)                # same input, same output
-    assert str(schedule(once)) == str(once)                 # a scheduled stage is left alone
-    assert str(lower([A, B, H], [C, dA, dB], schedule=False)) == str(plain)
+    plain = lower([A, B, H], [C, dA, dB])
+    once = schedule_program(plain, te.target())
+    assert str(schedule_program(plain, te.target())) == str(once)                # same input, same output
+    assert str(schedule_program(once, te.target())) == str(once)                 # a scheduled stage is left alone
+    assert str(lower([A, B, H], [C, dA, dB])) == str(plain)
 
 
 def test_gemm_register_tile_reuses_loads():
-    """C[i, j] += A[i, k] B[k, j]: 8 rows x 2 vectors of 16 share one k loop."""
+    """C[i, j] += A[i, k] B[k, j]: a tile of rows x 2 vectors shares one k loop;
+    the rows follow from the target's vector registers (8 with 32, 6 with 16)."""
+    target = te.target()
+    bl = blocking(target)
+    assert bl.tile_rows == {16: 6, 32: 8}[target.vector_registers]
     A, B, C = matmul(64, 32, 64)
     text = te.build([A, B], [C]).scheduled_ir
     k_loop = text[text.index("for r in"):]
-    assert k_loop.count("acc") >= 16 * 3 and "simd[16]" in text and "parallel for i.o" in text
+    tile = bl.tile_rows * TILE_VECTORS
+    assert k_loop.count("acc") >= tile * 3 and f"simd[{target.lanes(4)}]" in text and "parallel for i.o" in text
 
 
 def test_transposed_operand_is_packed():
@@ -158,7 +166,8 @@ def test_gemm_operands_are_read_from_panels(n, k, m, threads):
     C = te.compute((n, m), lambda i, j: te.sum(A[r, i] * B[r, j], axis=r), name="C")
     kernel = te.build([A, B], [C])
     buffers = {b.name: b.shape for b in kernel.program.buffers}
-    assert buffers["B.packed"] == (-(-m // 32), k, 32) and buffers["A.packed"] == (-(-n // 8), k, 8)
+    width, rows = TILE_VECTORS * te.target().lanes(4), blocking(te.target()).tile_rows
+    assert buffers["B.packed"] == (-(-m // width), k, width) and buffers["A.packed"] == (-(-n // rows), k, rows)
     text = kernel.scheduled_ir
     assert text[text.index("stage C:"):].split("\n")[1].strip().startswith("parallel for j.o")
     a, b = RNG.standard_normal(A.shape, np.float32), RNG.standard_normal(B.shape, np.float32)
@@ -427,11 +436,14 @@ def test_stage_code_is_the_same_on_every_path():
 
 def test_large_outputs_written_once_use_streaming_stores():
     """A 4 MB output written with full vectors skips the cache (non-temporal
-    stores); a small one, and an output a K-blocked GEMM reads back, do not."""
+    stores); one below the target's streaming threshold (L2), and an output a
+    K-blocked GEMM reads back, do not."""
     n = 1 << 20
+    assert 4 * n >= stream_min_bytes(te.target())
     x = te.placeholder((n,), "float32", "x")
     big = te.build([x], [te.compute((n,), lambda i: te.exp(x[i]) * 2.0, name="big")])
-    small = te.build([x], [te.compute((n // 4,), lambda i: x[i] + 1.0, name="small")])
+    n_small = stream_min_bytes(te.target()) // 8         # half the threshold
+    small = te.build([x], [te.compute((n_small,), lambda i: x[i] + 1.0, name="small")])
     assert "!nontemporal" in big.llvm_ir and "!nontemporal" not in small.llvm_ir
     assert "llvm.x86.sse.sfence" in big.llvm_ir
     xs = RNG.standard_normal(n).astype(np.float32)

@@ -80,7 +80,7 @@ def test_deep_dag_lowers_in_well_under_a_second():
     Y = te.compute((8,), lambda i: deep_body(X[i]), name="Y")
     dX, = te.gradient(Y, [X])
     t0 = time.perf_counter()
-    program = lower([X], [Y, dX], schedule=False)
+    program = lower([X], [Y, dX])
     elapsed = time.perf_counter() - t0
     assert elapsed < 0.5, f"lowering a {LEVELS}-level DAG took {elapsed:.2f} s"
     assert len(str(program)) < 40_000
@@ -417,7 +417,7 @@ def _report():
           f"te.pretty(dX) {len(te.pretty(dX)):,} chars, DAG {count_nodes([dX.body])} nodes, "
           f"tree {tree_size(dX.body):.2e} nodes, loop IR {len(kernel.loop_ir):,} chars")
     t0 = time.perf_counter()
-    lower([X], [Y, dX], schedule=False)
+    lower([X], [Y, dX])
     print(f"  lowering alone {time.perf_counter() - t0:.3f} s")
     rows = {T: [chain_figures(T, 64 + r) for r in range(3)] for T in (30, 60)}
     for T, figs in rows.items():

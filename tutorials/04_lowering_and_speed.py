@@ -17,7 +17,7 @@ import numpy as np
 
 import te_autodiff as te
 from lowering.lower import lower
-from lowering.schedule import schedule
+from lowering.pipeline import schedule_program
 
 rng = np.random.default_rng(0)
 
@@ -63,9 +63,9 @@ def stage_text(program, name, limit=None):
 # that touch it, so the y'/x' loops have bounds that depend on the element
 # (max(0, i2 - 2) ...).  Fine for a scalar loop, bad for vector lanes.
 inputs, outputs = conv2d(2, 8, 10, 8)
-plain = lower(inputs, outputs, schedule=False)
+plain = lower(inputs, outputs)
 grad_stage = next(st.name for st in plain.stages if st.name.startswith("dX"))
-print("Step 1: the gradient stage as lowered (lower(..., schedule=False))")
+print("Step 1: the gradient stage as lowered (lower(...))")
 print(stage_text(plain, grad_stage))
 
 # Step 2 -- the same stage after the schedule.  What the rules did:
@@ -82,7 +82,7 @@ print(stage_text(plain, grad_stage))
 #  * fusion (before all that): dX only copies dXp without its border, so
 #    dXp is computed inside dX, for the elements dX reads (step 4 shows
 #    fusion on its own).
-scheduled = schedule(plain)
+scheduled = schedule_program(plain, te.target())
 print("\nStep 2: the stages after fuse.py and schedule.py")
 print("  stages:", ", ".join(st.name for st in scheduled.stages))
 print(stage_text(scheduled, "dX", limit=40))
@@ -115,8 +115,8 @@ y_ = te.compute((n,), lambda i: te.tanh(te.sigmoid(x_[i]) * te.exp(-x_[i] * x_[i
 r_ = te.reduce_axis(n, "r")
 loss_ = te.compute((1,), lambda _: te.sum(y_[r_] * h_[r_], axis=r_), name="loss")
 dx_, = te.gradient(y_, [x_], head=h_)
-plain = lower([x_, h_], [loss_, dx_], schedule=False)
-apart, fused = schedule(plain, fusion=False), schedule(plain)
+plain = lower([x_, h_], [loss_, dx_])
+apart, fused = schedule_program(plain, te.target(), fusion=False), schedule_program(plain, te.target())
 print("\nStep 4: fusion")
 print("  stages without fusion:", ", ".join(st.name for st in apart.stages),
       f"(temporaries: {apart.temp_bytes} bytes)")
@@ -126,7 +126,7 @@ print(stage_text(fused, fused.stages[0].name, limit=16))
 xs, hs = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
 timings = {}
 for label, program in (("apart", apart), ("fused", fused)):
-    k_ = runtime.Kernel(program, runtime.compile_program(program), [x_, h_], [loss_, dx_], plain)
+    k_ = runtime.Kernel(program, runtime.compile_program(program, te.target()), [x_, h_], [loss_, dx_], plain)
     timings[label] = best_ms(lambda: k_(xs, hs))
 print(f"  {n} elements: {timings['apart']:.3f} ms apart, {timings['fused']:.3f} ms fused")
 

@@ -1,0 +1,76 @@
+"""The lowering order, in one place: tensors -> loop IR -> fused -> scheduled
+for a target -> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
+
+``te.build`` and ``te.cost`` both run :func:`lower_for`; ``te.build`` then
+compiles its result.  Each step takes the previous step's immutable program
+and returns a new one; the :class:`~lowering.target.Target` is resolved once
+here and handed to every step that depends on the CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import count_iterations
+from .fuse import fuse
+from .loop_ir import Program
+from .lower import lower, validate
+from .runtime import Kernel, compile_program
+from .schedule import schedule, splits_reduction
+from .target import Target, target as resolve_target
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """Every program of the pipeline up to the schedule, for one target."""
+
+    inputs: list
+    outputs: list
+    target: Target
+    plain: Program          # as lowered: one stage per stored tensor
+    scheduled: Program      # fused and scheduled: what is compiled
+
+
+def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Program:
+    """Steps 2 and 3: fuse stages over one domain (unless ``fusion`` is
+    False), then schedule every stage for ``target``."""
+    fused = fuse(plain, splits_reduction) if fusion else plain
+    return schedule(fused, target)
+
+
+def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Lowered:
+    target = resolve_target(target)                                          # 0. the CPU, once
+    inputs, outputs, _ = validate(inputs, outputs)
+    plain = lower(inputs, outputs, name, store=store, recompute=recompute)   # 1. tensors -> loop IR
+    scheduled = schedule_program(plain, target)                              # 2-3. fuse, schedule
+    return Lowered(inputs, outputs, target, plain, scheduled)
+
+
+def build(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Kernel:
+    """``te.build``: compile ``outputs`` as functions of the placeholders
+    ``inputs`` for ``target`` (None: ``TE_TARGET`` or this machine; see
+    :func:`lowering.target.target`).  ``store``/``recompute``: tensors always
+    kept in a buffer / always inlined (overrides of the store-or-recompute
+    rule, see ``lower.py``)."""
+    p = lower_for(inputs, outputs, name, store, recompute, target)
+    compiled = compile_program(p.scheduled, p.target)                       # 4-5. emit, optimise, JIT
+    return Kernel(p.scheduled, compiled, p.inputs, p.outputs, p.plain)    # 6. the callable
+
+
+def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
+    """``te.cost``.  ``iterations``, ``temp_bytes`` and ``stages`` count the
+    program as lowered (step 1, ``counted: "lowered"``): the algorithm's
+    work, the same on every target.  ``built`` gives the temporaries and
+    stages of the fused and scheduled program ``te.build`` compiles for
+    ``target`` (packed panels and K-block partial sums add temporaries,
+    fusion removes some)."""
+    p = lower_for(inputs, outputs, None, store, recompute, target)
+    return {
+        "counted": "lowered",
+        "iterations": count_iterations(p.plain),
+        "temp_bytes": p.plain.temp_bytes,
+        "output_bytes": sum(b.nbytes for b in p.plain.buffers if b.kind == "output"),
+        "input_bytes": sum(b.nbytes for b in p.plain.inputs),
+        "stages": len(p.plain.stages),
+        "built": {"target": p.target.name, "temp_bytes": p.scheduled.temp_bytes,
+                  "stages": len(p.scheduled.stages)},
+    }

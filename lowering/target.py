@@ -1,0 +1,253 @@
+"""The CPU a kernel is compiled for: one frozen :class:`Target`, read by every later stage.
+
+A target is built once, from this machine (``"host"``) or from a name (an
+LLVM CPU, optionally preceded by a triple and a colon:
+``"haswell"``, ``"aarch64-unknown-linux-gnu:neoverse-n1"``), and handed down
+the pipeline.  It says what the code generator may assume: the widest native
+vector, the architectural vector registers, FMA, which masked, gather and
+streaming memory operations are native, cache sizes and the thread default.
+Register tiles, lane counts, K blocks and the panel and streaming thresholds
+are derived from these figures (``schedule/blocking.py``, ``codegen_llvm.py``);
+nothing else in the package asks LLVM about the host.
+
+The features of a named CPU come from :data:`CPUS` (LLVM does not report the
+features a CPU name implies); the host's come from LLVM's own detection and
+its caches from ``/sys``.  A CPU this table does not know raises
+``ValueError``: adding one is one line.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import os
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import llvmlite.binding as llvm
+
+KIB, MIB = 1 << 10, 1 << 20
+
+# x86-64 micro-architecture levels (the psABI's), each adding to the one before
+_X86_V1 = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
+_X86_V2 = _X86_V1 + ("cx16", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3")
+_X86_AVX = _X86_V2 + ("avx",)
+_X86_V3 = _X86_AVX + ("avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe")
+_X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
+_ARM_V8 = ("fp-armv8", "neon")
+
+# name -> (triple, features, L1 data bytes, L2 bytes per core): the CPUs te-autodiff knows by name
+X86, ARM = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
+CPUS = {
+    "x86-64": (X86, _X86_V1, 32 * KIB, 256 * KIB),
+    "x86-64-v2": (X86, _X86_V2, 32 * KIB, 256 * KIB),
+    "x86-64-v3": (X86, _X86_V3, 32 * KIB, 512 * KIB),
+    "x86-64-v4": (X86, _X86_V4, 32 * KIB, 1 * MIB),
+    "nehalem": (X86, _X86_V2, 32 * KIB, 256 * KIB),
+    "westmere": (X86, _X86_V2, 32 * KIB, 256 * KIB),
+    "sandybridge": (X86, _X86_AVX, 32 * KIB, 256 * KIB),
+    "ivybridge": (X86, _X86_AVX + ("f16c",), 32 * KIB, 256 * KIB),
+    "haswell": (X86, _X86_V3, 32 * KIB, 256 * KIB),
+    "broadwell": (X86, _X86_V3, 32 * KIB, 256 * KIB),
+    "skylake": (X86, _X86_V3, 32 * KIB, 256 * KIB),
+    "alderlake": (X86, _X86_V3, 48 * KIB, 1280 * KIB),
+    "znver1": (X86, _X86_V3, 32 * KIB, 512 * KIB),
+    "znver2": (X86, _X86_V3, 32 * KIB, 512 * KIB),
+    "znver3": (X86, _X86_V3, 32 * KIB, 512 * KIB),
+    "skylake-avx512": (X86, _X86_V4, 32 * KIB, 1 * MIB),
+    "cascadelake": (X86, _X86_V4, 32 * KIB, 1 * MIB),
+    "cooperlake": (X86, _X86_V4, 32 * KIB, 1 * MIB),
+    "icelake-client": (X86, _X86_V4, 48 * KIB, 512 * KIB),
+    "icelake-server": (X86, _X86_V4, 48 * KIB, 1280 * KIB),
+    "tigerlake": (X86, _X86_V4, 48 * KIB, 1280 * KIB),
+    "sapphirerapids": (X86, _X86_V4, 48 * KIB, 2 * MIB),
+    "znver4": (X86, _X86_V4, 32 * KIB, 1 * MIB),
+    "znver5": (X86, _X86_V4, 48 * KIB, 1 * MIB),
+    "generic": (ARM, _ARM_V8, 32 * KIB, 512 * KIB),
+    "cortex-a72": (ARM, _ARM_V8, 32 * KIB, 512 * KIB),
+    "cortex-a76": (ARM, _ARM_V8, 64 * KIB, 512 * KIB),
+    "neoverse-n1": (ARM, _ARM_V8, 64 * KIB, 1 * MIB),
+    "neoverse-n2": (ARM, _ARM_V8, 64 * KIB, 1 * MIB),
+    "neoverse-v1": (ARM, _ARM_V8, 64 * KIB, 1 * MIB),
+    "neoverse-v2": (ARM, _ARM_V8, 64 * KIB, 2 * MIB),
+    "apple-m1": (ARM, _ARM_V8, 128 * KIB, 4 * MIB),
+    "apple-m2": (ARM, _ARM_V8, 128 * KIB, 4 * MIB),
+}
+DEFAULT_CACHES = (32 * KIB, 512 * KIB)       # a host CPU whose caches /sys does not report
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the compiler assumes about one CPU (see the module doc).
+
+    ``vector_bytes``: the widest native vector (16 SSE / NEON, 32 AVX2, 64
+    AVX-512); ``vector_registers``: the architectural count (16 SSE/AVX2, 32
+    AVX-512 and NEON); ``masked_memory``: masked vector loads and stores are
+    instructions (AVX and later), not a scalar loop LLVM writes out;
+    ``gather``: vector gathers are instructions (AVX2 and later);
+    ``streaming_stores``: non-temporal stores plus ``sfence`` (x86)."""
+
+    name: str
+    triple: str
+    cpu: str
+    features: frozenset
+    vector_bytes: int
+    vector_registers: int
+    fma: bool
+    masked_memory: bool
+    gather: bool
+    streaming_stores: bool
+    cache_line: int
+    l1_bytes: int
+    l2_bytes: int
+    threads: int
+    llvm_features: str = field(default="", compare=False, repr=False)   # as handed to LLVM
+    host: bool = field(default=False, compare=False)
+
+    @property
+    def arch(self) -> str:
+        return self.triple.split("-", 1)[0]
+
+    @property
+    def x86(self) -> bool:
+        return self.arch == "x86_64"
+
+    def lanes(self, itemsize: int) -> int:
+        """Elements of ``itemsize`` bytes in one native vector."""
+        return max(1, self.vector_bytes // itemsize)
+
+    def missing_on_host(self) -> str | None:
+        """Why this machine cannot run code built for this target (None: it can)."""
+        host = host_target()
+        if self.arch != host.arch:
+            return f"this machine is {host.arch}, the target is {self.arch}"
+        lacking = sorted(self.features - host.features)
+        if lacking:
+            return f"this machine ({host.cpu}) lacks {', '.join(lacking)}"
+        return None
+
+    def __str__(self):
+        isa = ("AVX-512" if "avx512f" in self.features else "AVX2" if "avx2" in self.features
+               else "AVX" if "avx" in self.features else "SSE" if self.x86 else "NEON")
+        return (f"{self.name}: {self.triple} cpu={self.cpu} {isa}, {self.vector_bytes}-byte vectors, "
+                f"{self.vector_registers} vector registers{', FMA' if self.fma else ''}, "
+                f"L1 {self.l1_bytes // KIB} KiB, L2 {self.l2_bytes // KIB} KiB, {self.threads} threads")
+
+
+def _describe(name, triple, cpu, features, l1, l2, llvm_features=None, host=False) -> Target:
+    """A :class:`Target` from LLVM feature names: every other figure follows from them."""
+    features = frozenset(features)
+    if llvm_features is None:
+        llvm_features = ",".join(f"+{f}" for f in sorted(features))
+    x86 = triple.startswith("x86_64")
+    if x86:
+        vector_bytes = 64 if "avx512f" in features else 32 if "avx" in features else 16
+        registers = 32 if "avx512f" in features else 16
+    else:
+        vector_bytes, registers = 16, 32
+    return Target(
+        name=name, triple=triple, cpu=cpu, features=features,
+        vector_bytes=vector_bytes, vector_registers=registers,
+        fma="fma" in features or not x86,
+        masked_memory=x86 and "avx" in features,
+        gather=x86 and "avx2" in features,
+        streaming_stores=x86,
+        cache_line=64, l1_bytes=l1, l2_bytes=l2,
+        threads=_cores(), llvm_features=llvm_features, host=host)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _sys_caches() -> tuple:
+    """(L1 data, L2) bytes of CPU 0 as Linux reports them; defaults elsewhere."""
+    l1, l2 = DEFAULT_CACHES
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(root):
+            path = os.path.join(root, entry)
+            with open(os.path.join(path, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(path, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(path, "size")) as f:
+                size = f.read().strip()
+            n = int(size.rstrip("KMG")) * {"K": KIB, "M": MIB, "G": 1 << 30}.get(size[-1], 1)
+            if level == 1 and kind == "Data":
+                l1 = n
+            elif level == 2:
+                l2 = n
+    except (OSError, ValueError):
+        pass
+    return l1, l2
+
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def initialise_llvm() -> None:
+    """Register every LLVM target (for cross-compilation) and libm's symbols (once)."""
+    global _initialised
+    with _init_lock:
+        if not _initialised:
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            llvm.initialize_native_asmparser()
+            llvm.load_library_permanently(ctypes.util.find_library("m"))
+            _initialised = True
+
+
+@lru_cache(maxsize=None)
+def host_target() -> Target:
+    """This machine, as LLVM detects it."""
+    initialise_llvm()
+    detected = llvm.get_host_cpu_features()       # "-avx512f" too: a VM may hide what the CPU name implies
+    features = [k for k, on in detected.items() if on]
+    return _describe("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), features, *_sys_caches(),
+                     llvm_features=detected.flatten(), host=True)
+
+
+@lru_cache(maxsize=None)
+def _named(name: str) -> Target:
+    triple, _, cpu = name.rpartition(":")
+    known = CPUS.get(cpu)
+    if known is None:
+        raise ValueError(f"unknown target {name!r}: te-autodiff knows 'host' and the CPUs "
+                         f"{', '.join(sorted(CPUS))} (optionally 'triple:cpu')")
+    default_triple, features, l1, l2 = known
+    triple = triple or default_triple
+    if triple.split("-", 1)[0] != default_triple.split("-", 1)[0]:
+        raise ValueError(f"target {name!r}: CPU '{cpu}' is not a {triple.split('-', 1)[0]} CPU")
+    return _describe(name, triple, cpu, features, l1, l2)
+
+
+def target(name=None) -> Target:
+    """``te.target``: the :class:`Target` for ``name``; ``None`` means the
+    ``TE_TARGET`` environment variable if set, else this machine (``"host"``).
+    A :class:`Target` is returned as it is.  An unknown name raises ``ValueError``."""
+    if isinstance(name, Target):
+        return name
+    if name is None:
+        name = os.environ.get("TE_TARGET") or "host"
+    if not isinstance(name, str):
+        raise TypeError(f"target must be a CPU name or a te.Target, got {type(name).__name__}")
+    if name == "host":
+        return host_target()
+    initialise_llvm()
+    return _named(name.strip())
+
+
+@lru_cache(maxsize=None)
+def _llvm_target(triple: str):
+    return llvm.Target.from_triple(triple)
+
+
+def target_machine(t: Target):
+    """A new LLVM target machine for ``t`` (a JIT engine takes ownership of
+    the one it is given, so each engine gets its own)."""
+    initialise_llvm()
+    return _llvm_target(t.triple).create_target_machine(cpu=t.cpu, features=t.llvm_features, opt=3)
