@@ -57,11 +57,22 @@ def _git_rev() -> str:
         return "unknown"
 
 
+def isa_name() -> str:
+    """The instruction set te-autodiff compiles for in this environment (``TE_TARGET`` or the host)."""
+    import te_autodiff as te
+
+    t = te.target()
+    return {64: "avx512", 32: "avx2"}.get(t.vector_bytes, "sse") if t.x86 else "neon"
+
+
 def machine() -> dict:
+    import te_autodiff as te
+
     cpu = _cpuinfo()
     flags = set(cpu.get("flags", "").split())
     simd = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return dict(cpu=cpu.get("model name", platform.processor() or "unknown"), cores=os.cpu_count(), simd=simd,
+                target=str(te.target()), isa=isa_name(),
                 mem_gb=cpu.get("mem_gb"), python=platform.python_version(), platform=platform.platform(),
                 git=_git_rev(),
                 versions={d: _version(d) for d in ("te-autodiff", "numpy", "llvmlite", "jax", "jaxlib", "torch",
@@ -155,6 +166,9 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
     L.append("")
     mem = f", {mach['mem_gb']:.0f} GB RAM" if mach.get("mem_gb") else ""
     L.append(f"- CPU: {mach['cpu']}, {mach['cores']} logical cores{mem}; SIMD: {', '.join(mach['simd']) or '–'}")
+    if mach.get("target"):
+        L.append(f"- te-autodiff compiled for **{mach['isa']}**: {mach['target']}"
+                 f"{' (TE_TARGET, narrower than this machine)' if 'TE_TARGET' in os.environ else ''}")
     L.append(f"- Python {mach['python']} on {mach['platform']}")
     L.append("- " + ", ".join(f"{d} {v}" for d, v in mach["versions"].items()))
     if limits.get("status") == "ok":

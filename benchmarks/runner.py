@@ -3,8 +3,10 @@
 ``python -m benchmarks [--kernels 1,3] [--peers te,numpy] [--quick] [--threads N] [--out DIR]``
 
 A full run (all kernels, all peers, not ``--quick``) writes
-``benchmarks/RESULTS.md``, ``benchmarks/results.png`` and
-``benchmarks/results.json``; a partial or quick run writes them to a
+``RESULTS.md``, ``results.png`` and ``results.json`` into
+``benchmarks/<isa>/`` for the instruction set te-autodiff compiled for
+(``avx2``, ``avx512``, ``sse``, ``neon``: ``TE_TARGET`` picks a narrower one
+than the machine's), one committed report per ISA; a partial or quick run writes them to a
 temporary directory (printed) unless ``--out`` says where, so a smoke test
 never overwrites the committed report.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from .kernels import KERNELS
 from .peers import PEERS, installed
-from .report import write_outputs
+from .report import isa_name, write_outputs
 from .worker import MARK
 
 HERE = Path(__file__).resolve().parent
@@ -169,7 +171,8 @@ def main(argv=None) -> int:
         print("wrote " + ", ".join(str(p) for p in paths))
         return 0
     full = (not args.quick and args.kernel_ids == list(KERNELS) and args.peer_list == list(PEERS))
-    out_dir = Path(args.out) if args.out else (HERE if full else Path(tempfile.gettempdir()) / "te-autodiff-bench")
+    out_dir = Path(args.out) if args.out else (
+        HERE / isa_name() if full else Path(tempfile.gettempdir()) / "te-autodiff-bench")
     given = list(argv) if argv is not None else sys.argv[1:]
     command = " ".join(["python -m benchmarks"] + [shlex.quote(a) for a in given])
     t_start = time.perf_counter()

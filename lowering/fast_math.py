@@ -18,8 +18,10 @@ below 0.625 and ``1 - 2e / (1 + e)``, ``e = e^{-2|x|}``, above, with
 ``2 / (1 + e)`` a polynomial in ``e``; sigmoid refines a polynomial for
 ``1 / (1 + e^{-|x|})`` by a Newton step.  Neither divides: ``vdivps`` is the
 slowest instruction here.  Measured against float64 numpy on all 2^32
-float32 (tests/test_fast_math.py samples them): exp 0.90 ulp, tanh 1.17,
-sigmoid 1.54; log at most 2 and log1p 3 ulp over ±1e38.  0, -0, ±inf, nan,
+float32 (tests/test_fast_math.py samples them) on a target with FMA (x86-64-v3
+and later, every AArch64): exp 0.90 ulp, tanh 1.17, sigmoid 1.54; log at most
+2 and log1p 3 ulp over ±1e38.  Without FMA (SSE targets such as x86-64-v2)
+the reduction's products round separately: exp reaches 1.09 ulp.  0, -0, ±inf, nan,
 subnormal and huge arguments follow C99/numpy.
 
 No fast-math flags other than ``contract`` are used: reassociation would

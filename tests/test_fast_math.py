@@ -20,6 +20,7 @@ def sigmoid64(x):
 FUNCTIONS = {"exp": (te.exp, np.exp, 1.0), "tanh": (te.tanh, np.tanh, 1.5),
              "sigmoid": (te.sigmoid, sigmoid64, 2.0), "log": (te.log, np.log, 2.0),
              "log1p": (te.log1p, np.log1p, 3.0)}
+NO_FMA_LIMIT = {"exp": 1.1}      # separate roundings in exp's reduction (fast_math's doc)
 
 
 def floats_between(lo, hi, count):
@@ -64,6 +65,8 @@ def ulps(got, exact):
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
 def test_accuracy_on_a_dense_sweep(name):
     _, ref, limit = FUNCTIONS[name]
+    if not te.target().fma:
+        limit = NO_FMA_LIMIT.get(name, limit)
     x, y = build(name, SWEEP.size)
     got = te.build([x], [y])(SWEEP)
     with np.errstate(all="ignore"):

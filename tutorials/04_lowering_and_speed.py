@@ -2,11 +2,13 @@
 
 `te.build` turns tensors into a loop IR program (one *stage* per stored
 tensor: a loop nest over its elements), then `lowering/fuse.py` merges
-stages that walk the same domain and `lowering/schedule.py` rewrites every
-stage for speed -- automatically, there is nothing to tune -- and LLVM
-compiles the result.  We follow a convolution gradient through the
-schedule, watch fusion put an elementwise forward, loss and gradient into
-one pass, time both against numpy, and learn to read the benchmark table.
+stages that walk the same domain and `lowering/schedule/` rewrites every
+stage for speed -- automatically, for the CPU it compiles for, there is
+nothing to tune -- and LLVM compiles the result (`lowering/pipeline.py`
+runs these steps in this order).  We follow a convolution gradient through
+the schedule, see how the register tile follows from the CPU, watch fusion
+put an elementwise forward, loss and gradient into one pass, time both
+against numpy, and learn to read the benchmark table.
 
 Run it:  python tutorials/04_lowering_and_speed.py
 """
@@ -72,7 +74,8 @@ print(stage_text(plain, grad_stage))
 #  * offset loops: `for y' in max(0, i2-2)..` became `for y'.d in 0..3` with
 #    a test `if 0 <= y' < 10`: the bounds no longer depend on the element;
 #  * vector axis: the axis whose reads are contiguous or shared (broadcast)
-#    runs in 16 float32 lanes (`simd[16]`); the tail of a row is masked;
+#    runs in one native vector of float32 lanes (`simd[8]` on AVX2,
+#    `simd[16]` on AVX-512: step 3 shows both); the tail of a row is masked;
 #  * packing: the filter, read with stride 9 along that axis, is copied once
 #    into a transposed temporary (the new `W.packed` stage) so the lanes
 #    read it with unit stride;
@@ -82,12 +85,64 @@ print(stage_text(plain, grad_stage))
 #  * fusion (before all that): dX only copies dXp without its border, so
 #    dXp is computed inside dX, for the elements dX reads (step 4 shows
 #    fusion on its own).
-scheduled = schedule_program(plain, te.target())
-print("\nStep 2: the stages after fuse.py and schedule.py")
+here = te.target()
+scheduled = schedule_program(plain, here)
+print(f"\nStep 2: the stages after fusion and the schedule, for this machine ({here.cpu})")
 print("  stages:", ", ".join(st.name for st in scheduled.stages))
 print(stage_text(scheduled, "dX", limit=40))
 
-# Step 3 -- every schedule computes each element with the same operations
+# Step 3 -- the target.  Every figure of the schedule comes from one
+# description of the CPU, `te.target()` (this machine, or the TE_TARGET
+# environment variable, or `te.build(..., target="haswell")`): the vector
+# width gives the lanes, the number of vector registers the register tile.
+# A tile of MR rows x 2 vectors keeps MR*2 accumulators in registers, plus
+# the 2 vectors loaded and 1 value broadcast per reduction step: with 16
+# registers (AVX2) that allows 6 rows, with 32 (AVX-512) 8 (more rows would
+# only add remainder code).  The same gradient, scheduled for both:
+from lowering.schedule import TILE_VECTORS, blocking  # noqa: E402
+
+
+
+def largest_tile(program, name):
+    """The lines of the vector loop in stage ``name`` that keeps the most
+    accumulators (its register tile), and that number."""
+    lines = stage_text(program, name).splitlines()
+    best = (0, [])
+    for k, line in enumerate(lines):
+        if "simd[" in line:
+            accs = 0
+            while k + 1 + accs < len(lines) and lines[k + 1 + accs].strip().endswith("= 0.0"):
+                accs += 1
+            best = max(best, (accs, lines[k:k + 1 + accs + 3]), key=lambda b: b[0])
+    return best
+
+
+print("\nStep 3: targets")
+print(f"  this machine: {here}")
+inputs3, outputs3 = conv2d(8, 32, 28, 32)        # the benchmark's convolution: full tiles
+plain3 = lower(inputs3, outputs3)
+columns = {}
+for name in ("haswell", "skylake-avx512"):
+    t = te.target(name)
+    bl = blocking(t)
+    accs, tile = largest_tile(schedule_program(plain3, t), "Y")
+    print(f"  {name:15s} {t.vector_bytes}-byte vectors, {t.vector_registers} registers -> "
+          f"simd[{t.lanes(4)}], register tile {bl.tile_rows} x {TILE_VECTORS} vectors "
+          f"({accs} accumulators in the forward conv), K block {bl.k_block}")
+    assert accs == bl.tile_rows * TILE_VECTORS
+    columns[name] = [line.strip()[:56] for line in tile]
+print(f"\n  {'haswell (AVX2)':60s}skylake-avx512 (AVX-512)")
+for k in range(max(map(len, columns.values()))):
+    left, right = (col[k] if k < len(col) else "" for col in columns.values())
+    print(f"  {left:60s}{right}")
+for name in ("haswell", "skylake-avx512"):
+    k_ = te.build(inputs, outputs, target=name)
+    runs_here = te.target(name).missing_on_host() is None
+    fma = sum("vfmadd" in line for line in k_.asm.splitlines())
+    print(f"  {name}: {fma} vfmadd instructions in kernel.asm"
+          f"{'' if runs_here else ' (cross-compiled: this machine cannot run it)'}")
+
+# Step 4 -- every schedule computes each element with the same operations
 # whatever the thread count, so results are bit-identical run to run.
 kernel = te.build(inputs, outputs)
 arrays = [rng.standard_normal(t.shape).astype("float32") for t in inputs]
@@ -98,10 +153,10 @@ for threads in (1, 2):
     runs.append(kernel(*arrays))
 runtime.set_num_threads(2)
 same = all(np.array_equal(a, b) for a, b in zip(*runs))
-print(f"\nStep 3: 1 thread and 2 threads give bit-identical results: {same}")
+print(f"\nStep 4: 1 thread and 2 threads give bit-identical results: {same}")
 assert same
 
-# Step 4 -- fusion.  The loss sum(tanh(sigmoid(x)*exp(-x*x)) * H) and its
+# Step 5 -- fusion.  The loss sum(tanh(sigmoid(x)*exp(-x*x)) * H) and its
 # gradient lower to three stages: y (stored, two stages read it), the loss
 # and dx.  Fusion (rule 1, siblings) runs dx inside the loss's reduction
 # loop, both reading x and H at the same point; then y has one reader, at
@@ -117,7 +172,7 @@ loss_ = te.compute((1,), lambda _: te.sum(y_[r_] * h_[r_], axis=r_), name="loss"
 dx_, = te.gradient(y_, [x_], head=h_)
 plain = lower([x_, h_], [loss_, dx_])
 apart, fused = schedule_program(plain, te.target(), fusion=False), schedule_program(plain, te.target())
-print("\nStep 4: fusion")
+print("\nStep 5: fusion")
 print("  stages without fusion:", ", ".join(st.name for st in apart.stages),
       f"(temporaries: {apart.temp_bytes} bytes)")
 print("  stages with fusion:   ", ", ".join(st.name for st in fused.stages),
@@ -130,7 +185,7 @@ for label, program in (("apart", apart), ("fused", fused)):
     timings[label] = best_ms(lambda: k_(xs, hs))
 print(f"  {n} elements: {timings['apart']:.3f} ms apart, {timings['fused']:.3f} ms fused")
 
-# Step 5 -- timing against numpy on the benchmark's convolution (8x32x28x28,
+# Step 6 -- timing against numpy on the benchmark's convolution (8x32x28x28,
 # 32 filters of 3x3): te runs forward + both gradients in one call; numpy
 # uses im2col and three matrix products (OpenBLAS sgemm).
 inputs, outputs = conv2d(8, 32, 28, 32)
@@ -162,16 +217,17 @@ te_ms, np_ms = best_ms(lambda: kernel(x, w, h)), best_ms(lambda: numpy_conv(x, w
 for got, want in zip(kernel(x, w, h), numpy_conv(x, w, h)):
     assert np.allclose(got, want, rtol=1e-3, atol=1e-3)
 flops = 3 * 2 * 8 * 32 * 28 * 28 * 32 * 9
-print(f"\nStep 5: conv2d forward + 2 gradients (build {build_s:.2f} s)")
+print(f"\nStep 6: conv2d forward + 2 gradients (build {build_s:.2f} s)")
 print(f"  te-autodiff {te_ms:7.3f} ms  ({flops / te_ms / 1e6:6.1f} GFLOP/s)")
 print(f"  numpy       {np_ms:7.3f} ms  ({flops / np_ms / 1e6:6.1f} GFLOP/s)")
 print("  (best of 30 calls; on a busy machine every timing is noisy)")
 
-# Step 6 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
+# Step 7 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
 # -e .[bench]`) runs ten forward + backward kernels in te-autodiff, numpy,
 # JAX and PyTorch, each peer in its own process, and writes
-# benchmarks/RESULTS.md.  How to read it:
-#  * "Machine" states the CPU and the limits measured in the same run: numpy
+# benchmarks/<isa>/RESULTS.md, one report per instruction set (avx2,
+# avx512).  How to read it:
+#  * "Machine" states the CPU, the target te-autodiff compiled for, and the limits measured in the same run: numpy
 #    sgemm GFLOP/s (the roof for GEMM-like kernels) and copy GB/s (the roof
 #    for memory-bound ones), plus the load average -- a loaded machine makes
 #    every figure noisy;
@@ -180,8 +236,9 @@ print("  (best of 30 calls; on a busy machine every timing is noisy)")
 #    result matched the float64 reference ("ok"), and the rate as a fraction
 #    of the machine's limit ("te of limit");
 #  * the geometric mean of peer / te summarises the ten kernels.
-results = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
-print("\nStep 6: reading benchmarks/RESULTS.md")
+isa = {64: "avx512", 32: "avx2"}.get(here.vector_bytes, "sse") if here.x86 else "neon"
+results = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / isa / "RESULTS.md"
+print(f"\nStep 7: reading benchmarks/{isa}/RESULTS.md (the report for this machine's instruction set)")
 if results.exists():
     lines = results.read_text().splitlines()
     table = [ln for ln in lines if ln.startswith("|")][:12]
