@@ -329,7 +329,7 @@ class _FunctionEmitter:
             arg.add_attribute("noalias")
             arg.attributes.dereferenceable = buf.nbytes
             if buf.kind != "input":
-                arg.attributes.align = 64
+                arg.attributes.align = target.alignment
         self.ptr = dict(zip(self.buffers, self.fn.args))
         *_, self.lo, self.hi, self.err = self.fn.args
         entry = self.fn.append_basic_block("entry")

@@ -14,7 +14,7 @@ from te_autodiff.expr import add, const, maximum
 
 from .bounds_check import is_index_only
 from .loop_ir import Block, Buffer, BufLoad, For, If, Program, Stage, Store, walk
-from .runtime import compile_program, execute, plan_stages
+from .runtime import compile_program, execute
 from .target import host_target
 
 
@@ -66,5 +66,5 @@ def count_iterations(program: Program) -> int:
         if body is not None:
             stages.append(Stage(st.name, counter, body))
     counting = Program(f"count_{program.name}", (counter,), tuple(stages), (counter,), ())
-    storage = execute(counting, plan_stages(counting, compile_program(counting, host_target())), [])
+    storage = execute(counting, compile_program(counting, host_target()), [])
     return int(storage[counter][0])

@@ -20,7 +20,7 @@ runs every stage and hands a large one to libgomp's thread team
 small stages are one native call each and a large stage is split across a
 Python thread pool (ctypes releases the GIL; about 30 us per split stage).
 Python per call: argument checks, one table of buffer addresses, the output
-allocations (64-byte aligned); temporaries live in one aligned block per
+allocations (aligned to ``Target.alignment``); temporaries live in one aligned block per
 kernel and thread, reused by later calls.
 
 Every element is computed by the same machine code whatever the chunking
@@ -277,7 +277,7 @@ def data_address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-def _aligned(shape, dtype, align: int = 64):
+def _aligned(shape, dtype, align: int):
     """An uninitialised C-contiguous array whose data starts on an
     ``align``-byte boundary, and that address."""
     dtype = np.dtype(dtype)
@@ -290,17 +290,14 @@ def _aligned(shape, dtype, align: int = 64):
     return np.ndarray(shape, dtype, raw, offset), base + offset
 
 
-def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``align``-byte boundary."""
-    return _aligned(shape, dtype, align)[0]
-
-
-def execute(program: Program, plans: list, arrays: list) -> dict:
-    """Run the stages on input ``arrays``; returns every buffer's array."""
+def execute(program: Program, compiled: Compiled, arrays: list) -> dict:
+    """Run the stages of ``program`` (compiled as ``compiled``) on input
+    ``arrays``, one Python call per stage; returns every buffer's array."""
+    plans = plan_stages(program, compiled)
     storage = dict(zip(program.inputs, arrays))
     for buf in program.buffers:
         if buf.kind != "input":
-            storage[buf] = aligned_empty(buf.shape, buf.dtype)
+            storage[buf] = _aligned(buf.shape, buf.dtype, compiled.target.alignment)[0]
     table = (ctypes.c_void_p * len(program.buffers))(*(storage[b].ctypes.data for b in program.buffers))
     threads = num_threads()
     for plan in plans:
@@ -335,7 +332,7 @@ def _raise_check(program: Program, code: int, index: int):
 class _Runner:
     """A kernel's calls with the per-call work precomputed: the buffer table
     (one per calling thread, its temporaries' slots filled in once: one
-    64-byte-aligned block reused by later calls on that thread), the output
+    aligned block reused by later calls on that thread), the output
     allocations, and the steps: a stretch of stages that each run on one
     thread is one native call (``run_stages``); a stage with enough work is
     split across the thread pool.  A call fills in the input and output
@@ -350,11 +347,12 @@ class _Runner:
         self.table_type = ctypes.c_void_p * self.n
         self.input_slots = [slot[b] for b in program.inputs]
         self.outputs = [(slot[b], b.shape, np.dtype(b.dtype)) for b in program.buffers if b.kind == "output"]
+        self.align = align = compiled.target.alignment
         offsets, total = [], 0
         for b in program.buffers:
             if b.kind == "temp":
                 offsets.append((slot[b], total))
-                total += -(-max(b.nbytes, 1) // 64) * 64
+                total += -(-max(b.nbytes, 1) // align) * align
         self.temp_offsets, self.temp_bytes = offsets, total
         self.local = threading.local()
         self.results = []
@@ -385,7 +383,7 @@ class _Runner:
         """This thread's buffer table, the temporaries' slots filled in."""
         table = getattr(self.local, "table", None)
         if table is None:
-            block, base = _aligned((max(self.temp_bytes, 1),), np.uint8)
+            block, base = _aligned((max(self.temp_bytes, 1),), np.uint8, self.align)
             table = self.local.table = self.table_type()
             for k, off in self.temp_offsets:
                 table[k] = base + off
@@ -398,7 +396,7 @@ class _Runner:
             table[k] = data_address(a)
         arrays_by_slot = dict(zip(self.input_slots, arrays))
         for k, shape, dtype in self.outputs:
-            arrays_by_slot[k], table[k] = _aligned(shape, dtype)
+            arrays_by_slot[k], table[k] = _aligned(shape, dtype, self.align)
         threads = num_threads()
         if self.compiled.openmp:                # the whole kernel in one native call
             err = (ctypes.c_int64 * (2 * threads))()

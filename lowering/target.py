@@ -111,6 +111,12 @@ class Target:
     def x86(self) -> bool:
         return self.arch == "x86_64"
 
+    @property
+    def alignment(self) -> int:
+        """Bytes outputs and temporaries are aligned to: a cache line, or a
+        vector when wider (codegen promises it to LLVM, the runtime allocates so)."""
+        return max(self.cache_line, self.vector_bytes)
+
     def lanes(self, itemsize: int) -> int:
         """Elements of ``itemsize`` bytes in one native vector."""
         return max(1, self.vector_bytes // itemsize)

@@ -52,7 +52,7 @@ def unscheduled(inputs, outputs, arrays):
     """Run the program as lowered: scalar loops (which LLVM may vectorise itself)."""
     program = lower(inputs, outputs)
     compiled = runtime.compile_program(program, te.target())
-    storage = runtime.execute(program, runtime.plan_stages(program, compiled), arrays)
+    storage = runtime.execute(program, compiled, arrays)
     return [storage[b] for b in program.results]
 
 

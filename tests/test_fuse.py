@@ -16,7 +16,7 @@ RNG = np.random.default_rng(11)
 
 def run(program, arrays):
     compiled = runtime.compile_program(program, te.target())
-    storage = runtime.execute(program, runtime.plan_stages(program, compiled), arrays)
+    storage = runtime.execute(program, compiled, arrays)
     return [storage[b] for b in program.results]
 
 
