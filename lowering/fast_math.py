@@ -4,7 +4,7 @@ libm calls are opaque to LLVM: a loop that calls ``tanhf`` is not
 vectorised, and a ``<16 x float>`` call to ``llvm.exp`` becomes sixteen
 scalar calls.  These implementations are plain LLVM IR arithmetic on a
 float32 scalar or a ``<N x float>`` vector, so the same code serves scalar
-loops, the loop vectoriser and the explicit vector loops of ``schedule.py``
+loops, the loop vectoriser and the explicit vector loops of ``schedule/``
 (and a value computes to the same bits on every path).
 
 Algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from one fma,

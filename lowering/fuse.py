@@ -1,5 +1,5 @@
 """Stage fusion: fewer passes over memory.  A loop IR to loop IR pass that
-runs before the per-stage schedule (``schedule.py``).
+runs before the per-stage schedule (``schedule/``).
 
 ``lower.py`` gives every stored tensor a stage of its own.  A gradient
 program often holds several stages over one domain: the forward value

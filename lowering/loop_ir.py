@@ -65,7 +65,7 @@ class BufLoad(Expr):
 class GuardedLoad(Expr):
     """``buffer[index]`` where ``cond`` holds, else zero; never reads memory
     where ``cond`` fails, so it may be evaluated unconditionally (a masked
-    load in a vector loop).  Made by ``schedule.py`` from an ``If`` that
+    load in a vector loop).  Made by ``schedule/selects.py`` from an ``If`` that
     guards a read."""
 
     __slots__ = ("buffer", "index", "cond")
@@ -147,7 +147,7 @@ class Simd:
     lanes: a value that differs between lanes is a vector, loads and stores
     become vector, masked or gathered memory operations, locals declared
     inside are vectors, and an ``If`` or loop bound that differs between lanes
-    runs under a lane mask.  Produced by ``schedule.py`` only where the
+    runs under a lane mask.  Produced by ``schedule/`` only where the
     iterations are independent (distinct output elements)."""
 
     var: Var

@@ -1,4 +1,4 @@
-"""The automatic schedule (lowering/schedule.py), the vector code it leads to,
+"""The automatic schedule (lowering/schedule/), the vector code it leads to,
 the inline math functions (lowering/fast_math.py) and the native runner."""
 import numpy as np
 import pytest

@@ -1,0 +1,167 @@
+"""The automatic schedule: a loop IR to loop IR pass, one rule-based plan per stage.
+
+Every figure that depends on the CPU (lanes, register tile, K block, panel
+and row-block sizes) comes from :func:`blocking` of the
+:class:`~lowering.target.Target` the pipeline passes in (``blocking.py``).
+
+``lower.py`` gives every stage the same shape: a row-major nest of *output
+loops* (one per axis of the stored tensor, the outermost ``parallel``) around
+an *element body* that computes one element (reductions as accumulator
+loops) and stores it (``nest.py``).  Output elements are independent, so the
+output loops may be reordered, tiled and vectorised freely.  :func:`schedule`
+is a pure function of the program; nothing is tuned by hand or by timing.
+Each rule first decides a plan from the nest and the target, then builds it.
+
+Determinism: every rule below either keeps each element's sequence of
+operations (vector lanes, tiles, K blocks, loop order) or reassociates a
+reduction in one fixed way that depends on the shapes only (lanes, parts).
+The thread count only decides which thread runs which root iterations, so
+every run and every thread count gives the same bits.
+
+Rules, in the order they are tried for a stage (:func:`schedule_stage`):
+
+1. **Split reductions to one element** (``split_reduction.py``).  A stage
+   storing one value reduced over a large domain (a loss) would run on one
+   thread: its outermost reduction loop is cut into a fixed number of parts
+   (``SPLIT_PARTS``); a new stage computes the partial results in parallel,
+   the stage itself adds them in order.
+2. **Offset loops** (``offsets.py``).  A reduction loop ``for x in
+   max(L, e)..min(U, e+D-1)+1`` whose bounds read output variables (zero
+   elimination leaves them on the gradients of convolutions) becomes ``for
+   d in 0..D`` with a test ``L <= e + d <= U``: bounds independent of the
+   element.
+3. **Vector axis** (``vector_axis.py``).  Each output axis is scored by the
+   element body's memory accesses, weighted by how often they run: an index
+   that does not move with the axis is a broadcast (nearly free), one that
+   moves by one element a vector access (1), any other a gather (one per
+   lane) or a scatter (two per lane: a transposing copy gathers, in blocks,
+   rule 8); one more when a test around the access differs between lanes
+   (masked work); plus the cost of copying packed operands (rule 5).  The
+   innermost reduction loop is scored the same way: when it wins (a row
+   reduction such as a softmax denominator) each element's reduction runs
+   in vector lanes (``lane_reduction.py``).  Otherwise the best output axis
+   ``j`` becomes a :class:`~lowering.loop_ir.Simd` loop of one native
+   vector of lanes (``Blocking.lanes``: 16 float32 on AVX-512, 8 on AVX2),
+   the last vector masked.  A stage that stores one element gets its
+   reduction in lanes as well.  The decisions of rules 4 to 8 for ``j`` form
+   one :class:`~lowering.schedule.tile_plan.TilePlan` (``tile_plan.py``),
+   built by ``tile_loops.py``.
+4. **Tests to selects** (``selects.py``).  An ``If`` whose condition differs
+   between lanes and whose branches assign one value to one local (a padding
+   test) becomes a ``select`` whose reads are
+   :class:`~lowering.loop_ir.GuardedLoad` (masked loads), unless the read is
+   provably in bounds.
+5. **Packing** (``packing.py``).  A load in a reduction that is a gather
+   along ``j`` but reads only ``j`` and reduction variables (``B[j, k]`` in
+   ``A @ B.T``) is copied, transposed, into a temporary by a new stage, so
+   the lanes read it with unit stride.  Above ``PACK_MAX_BYTES`` the stage
+   uses dot-product tiles instead (vector lanes along ``k``,
+   ``lane_reduction.py``).
+6. **Register tiles (unroll and jam)** (``register_tile.py``, ``jam.py``).
+   When the element body runs a reduction whose bounds read neither ``j``
+   nor a second output axis ``i``, and the reduction reads an operand that
+   does not move with ``j`` (a broadcast) and one that does not move with
+   ``i``, a tile of ``MR`` values of ``i`` by ``NR`` vectors of ``j`` is
+   computed together: the reduction loop is shared and its body repeated
+   per tile element, so the ``MR x NR`` accumulators stay in vector
+   registers, each vector load serves ``MR`` rows and each broadcast ``NR``
+   vectors.  A statement is repeated only over the tile positions it
+   depends on; remainder rows and columns get their own, smaller tiles.
+   Among the candidates for ``i``, one whose tests can be peeled (6b) is
+   preferred, then one along which the broadcast loads move least:
+   neighbouring rows share cache lines (the output columns of a
+   convolution, not its batch).
+
+   a. **Panels** (``packing.py``).  The operand read in vector lanes is
+      copied into column panels ``P[j tile][k...][NR vectors]`` and a
+      broadcast operand whose rows are adjacent but whose reduction steps
+      are not (``A[k, i]``) into row panels ``P[i tile][k...][MR]``, when it
+      is larger than L1 (``Blocking.panel_min_bytes``) and re-read
+      ``PACK_MIN_REUSE`` times: each tile then reads one contiguous, aligned
+      block per operand (no cache-set conflicts between rows a power of two
+      apart, no split loads from unaligned inputs).  Transposed copies
+      (rule 5) take the panel layout.  The loops are ordered column tiles,
+      then row tiles, so a column panel stays in cache while the rows pass.
+   b. **Peeling** (``peeling.py``).  Tests that read ``i`` (padding,
+      ``0 <= i + d - 2 < H`` for every tap ``d``) hold on an interior range
+      of ``i``: the row range is cut into border, interior (whole tiles,
+      without those tests) and border.
+7. **K blocks and row blocks** (``k_blocks.py``).  A GEMM reduction longer
+   than ``k_block_min`` is cut into equal blocks of at most ``k_block``,
+   each resuming from the partial sums left in the output, and the loops
+   are ordered column tiles, K blocks, row tiles: a block x tile-width
+   slice of the packed operand stays in L1 (the same additions in the same
+   order).  With several column tiles and a row operand larger than
+   ``row_block_bytes``, the row tiles are visited in a power-of-two number
+   of blocks outside the column tiles, each block staying in L2 while the
+   column panels pass.
+8. **Gather blocks** (``gather_block.py``).  When the vector loop gathers (a
+   transposed read), the loop outside it is visited ``GATHER_BLOCK`` rows at
+   a time inside each column tile, so the lines a gather touches are reused.
+9. **Parallel root** (``parallel_root.py``).  The outermost tile loop is the
+   ``parallel`` root the runtime splits across threads; when it has fewer
+   than ``MIN_ROOT`` iterations an output tile loop with more is moved out.
+
+A stage that already holds a ``Simd`` loop is left alone, so the pass is
+idempotent.
+"""
+from __future__ import annotations
+
+from ..loop_ir import Program, Simd, Stage, walk
+from ..target import Target
+from .blocking import SPLIT_MIN_WORK, TILE_VECTORS, Blocking, blocking
+from .lane_reduction import dot_tiles, in_lanes, reduce_in_lanes
+from .nest import Nest, as_nest
+from .offsets import offset_loops
+from .selects import if_to_select
+from .split_reduction import split_reduction, splits_reduction
+from .tile_loops import build_tiles
+from .tile_plan import plan_tiles
+from .vector_axis import vector_axis
+
+__all__ = ["schedule", "schedule_stage", "splits_reduction", "blocking", "Blocking", "TILE_VECTORS",
+           "SPLIT_MIN_WORK", "reduce_in_lanes", "if_to_select", "offset_loops"]
+
+
+def _vectorise(nest: Nest, stage: Stage, taken: set, new_stages: list, new_buffers: list, bl: Blocking) -> list:
+    """Rules 2 to 9 for one stage (copy stages join ``new_stages``)."""
+    nest = Nest(nest.loops, offset_loops(nest.body, set(nest.vars)))          # 2
+    axis = vector_axis(nest, bl)                                                # 3
+    if axis is None:
+        return [stage]
+    if axis.j is None:
+        return in_lanes(nest, stage, bl)
+    if axis.dot_tiles:                   # a large copy costs more than horizontal sums
+        body = dot_tiles(nest, axis.j, bl)
+        if body is not None:
+            return [Stage(stage.name, stage.buffer, body)]
+    plan = plan_tiles(nest, axis, stage.buffer, bl)                             # 4-8 decided
+    out, tail = build_tiles(plan, nest, stage, taken, new_stages, new_buffers)  # built, 9
+    return out if tail is None else out + schedule_stage(tail, taken, new_buffers, bl)
+
+
+def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) -> list:
+    """The scheduled form of one stage: a list of stages (packing copies first).
+    ``taken`` holds the buffer names in use; new temporaries join ``new_buffers``."""
+    nest = as_nest(stage)
+    if nest is None or any(isinstance(s, Simd) for s in walk(stage.body)):
+        return [stage]                   # not as lowered, or scheduled already
+    split = split_reduction(nest, stage, taken, new_buffers, bl)               # 1
+    if split is not None:
+        return split
+    new_stages = []
+    out = _vectorise(nest, stage, taken, new_stages, new_buffers, bl)
+    packed = [s for st in new_stages for s in schedule_stage(st, taken, new_buffers, bl)]
+    return packed + out
+
+
+def schedule(program: Program, target: Target) -> Program:
+    """``program`` with every stage scheduled for ``target`` (see the module
+    doc); a pure function."""
+    bl = blocking(target)
+    stages, new_buffers = [], []
+    taken = {b.name for b in program.buffers}
+    for st in program.stages:
+        stages += schedule_stage(st, taken, new_buffers, bl)
+    return Program(program.name, program.buffers + tuple(new_buffers), tuple(stages),
+                   program.results, program.checks)

@@ -1,0 +1,71 @@
+"""The schedule's figures: :class:`Blocking`, derived from the
+:class:`~lowering.target.Target`, and the fixed thresholds of the rules
+(the same on every CPU)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..target import Target
+
+UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
+MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop (rule 9)
+GEMM_MIN_TRIPS = 8           # a reduction this long is worth register tiling (rule 6)
+TILE_VECTORS = 2             # NR: vectors of a register tile (one row of a tile is two vectors)
+MAX_TILE_ROWS = 8            # MR at most: more rows add remainder code more than they save loads
+PACK_MIN_REUSE = 4           # pack an operand only if it is re-read at least this often (rules 5, 6a)
+SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
+SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element (rule 1, a fixed number)
+SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split (rule 1)
+PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead (rule 5)
+GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers (rule 8)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """The schedule's figures for one :class:`~lowering.target.Target`, each
+    derived from the target's description (never tuned to one CPU):
+
+    * ``lanes(itemsize)``: one native vector of elements (16 float32 on
+      AVX-512, 8 on AVX2, 4 on SSE and NEON);
+    * register tile ``tile_rows x TILE_VECTORS`` vectors: the accumulators
+      plus the ``TILE_VECTORS`` vector loads and one broadcast of a
+      reduction step fill the register file (16 registers: 6 x 2, BLIS's
+      haswell 6x16; 32 registers: 8 x 2, capped by ``MAX_TILE_ROWS``);
+    * ``dot_tile``: the largest ``t`` with ``t*t`` accumulators and ``2t``
+      operand vectors in the registers (4 with 32, 3 with 16);
+    * ``k_block``: reduction steps per block, the largest power of two whose
+      packed ``k_block x TILE_VECTORS`` vector slice fills at most two thirds
+      of L1 (the rest holds a row tile's operands and the output tile);
+      longer reductions than ``1.5 k_block`` are blocked;
+    * ``panel_min_bytes``: operands larger than L1 (the power of two at or
+      above it) are read from panels;
+    * ``row_block_bytes``: half of L2 (a power of two), the row operand's
+      share while the column panels pass."""
+
+    target: Target
+    tile_rows: int
+    dot_tile: int
+    k_block: int
+    panel_min_bytes: int
+    row_block_bytes: int
+
+    @property
+    def k_block_min(self) -> int:
+        return self.k_block * 3 // 2
+
+    def lanes(self, itemsize: int) -> int:
+        return self.target.lanes(itemsize)
+
+
+def blocking(target: Target) -> Blocking:
+    """The :class:`Blocking` of ``target`` (see there for each derivation)."""
+    regs = target.vector_registers
+    rows = min(MAX_TILE_ROWS, (regs - TILE_VECTORS - 1) // TILE_VECTORS)
+    dot = max(t for t in range(1, 9) if t * t + 2 * t <= regs)
+    k_block = _pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
+    return Blocking(target, rows, dot, k_block, 1 << (target.l1_bytes - 1).bit_length(),
+                    _pow2_floor(target.l2_bytes // 2))

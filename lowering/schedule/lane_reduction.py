@@ -1,0 +1,189 @@
+"""Reductions in vector lanes: each lane combines its own share of a
+reduction, the lanes are combined at the end (rule 3's choice for a stage
+storing one element or a row reduction, rule 1's parts), and dot-product
+tiles (rule 5's alternative to copying a large operand)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import count
+
+from te_autodiff.expr import Const, Var, add, mul, var
+
+from ..loop_ir import Alloc, Assign, Block, For, If, LaneReduce, Local, Simd, Stage, rename, stride, walk
+from .blocking import SUM_RUN, Blocking
+from .ir import as_block, idx
+from .jam import jam
+from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
+from .parallel_root import loop_chain, with_root
+from .tile_loops import tiled
+from .vector_axis import lanes_for, vector_cost
+
+
+@dataclass(frozen=True)
+class _LanePlan:
+    """A reduction to run in lanes: the loop nest at statement ``k`` of the
+    body, ``inner`` its innermost body, ``accs`` its accumulators ``(local,
+    op, identity)``; ``loop`` runs in ``lanes`` lanes, the ``rest`` of the
+    loops inside it (innermost last)."""
+
+    k: int
+    inner: object
+    accs: tuple
+    loop: For
+    rest: tuple
+    lanes: int
+
+
+def _accumulators(stmts, k: int, inner):
+    """``(local, op, identity)`` of each accumulator the loop nest at statement
+    ``k`` combines into (``acc = acc op e`` in its innermost body ``inner``,
+    ``acc`` declared before it with a constant); None when the nest is not
+    such a reduction."""
+    inner_stmts = inner.stmts if isinstance(inner, Block) else (inner,)
+    writes = outer_writes(inner)
+    if not writes or any(x not in inner_stmts for x in writes) or \
+            len({x.local for x in writes}) != len(writes):
+        return None
+    accs = []
+    for w in writes:
+        comb = accumulation(w)
+        init = [x for x in stmts[:k] if isinstance(x, Alloc) and x.local is w.local]
+        if comb is None or not init or not isinstance(init[0].init, Const):
+            return None
+        accs.append((w.local, comb[0], init[0].init))
+    if any(isinstance(x, (For, Simd)) for x in walk(inner)):
+        return None
+    return tuple(accs)
+
+
+def _lane_plan(body: Block, bl: Blocking, min_trips: int):
+    """The :class:`_LanePlan` of the first reduction loop nest of ``body``:
+    the lanes run over the loop along which the reads are most contiguous,
+    the loop along which the remaining gathers move least is innermost.
+    None when no nest qualifies or its best loop is too short."""
+    for k, loops, inner in loop_nests(body):
+        accs = _accumulators(body.stmts, k, inner)
+        if accs is None:
+            continue
+        accesses = accesses_of(inner)
+        lanes = lanes_for(accesses, bl)
+        costs = {lp.var: vector_cost(accesses, lp.var, lanes, lp.extent.value) for lp in loops}
+        loop = min(reversed(loops), key=lambda lp: costs[lp.var])
+        if costs[loop.var] == float("inf") or loop.extent.value < max(lanes, min_trips):
+            return None
+        gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
+        rest = sorted((lp for lp in loops if lp is not loop),      # the gathers move least innermost
+                      key=lambda lp: -sum(abs(stride(a.index, lp.var) or 1 << 20) * a.weight for a in gathers))
+        return _LanePlan(k, inner, accs, loop, tuple(rest), lanes)
+    return None
+
+
+def _around(loops, body):
+    """``body`` inside copies of ``loops`` (outermost first)."""
+    for lp in reversed(loops):
+        body = For(lp.var, lp.lo, lp.extent, as_block(body))
+    return body
+
+
+def _allocs(accs, locals_) -> tuple:
+    return tuple(Alloc(locals_[acc], ident) for acc, _, ident in accs)
+
+
+def _steps(p: _LanePlan, lane: Var):
+    """``(first, chain)``: the reduction index a lane starts from and the loops
+    over the whole vectors, in runs of ``SUM_RUN`` vectors when the loop is
+    long and alone (the rounding error grows with a run, not the total)."""
+    v, lanes = p.loop, p.lanes
+    full = v.extent.value // lanes
+    if not p.rest and full >= 8 * SUM_RUN and full % SUM_RUN == 0:
+        outer_b, inner_b = var(f"{v.var.name}.bo"), var(f"{v.var.name}.bi")
+        first = add(v.lo, add(mul(add(mul(outer_b, idx(SUM_RUN)), inner_b), idx(lanes)), lane))
+        return first, [For(outer_b, idx(0), idx(full // SUM_RUN), None), For(inner_b, idx(0), idx(SUM_RUN), None)]
+    block = var(f"{v.var.name}.b")
+    return add(v.lo, add(mul(block, idx(lanes)), lane)), [For(block, idx(0), idx(full), None)] + list(p.rest)
+
+
+def _whole_vectors(p: _LanePlan, lane: Var, parts: dict):
+    """The loops over the whole vectors of the reduction, adding into the lane
+    partials ``parts``; a sum whose innermost loop is long adds each pass of
+    it into a running total first."""
+    first, chain = _steps(p, lane)
+    if all(op == "add" for _, op, _ in p.accs) and len(chain) > 1 and trips(chain[-1]) >= 16:
+        runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in p.accs}
+        last = chain[-1]
+        body = Block(_allocs(p.accs, runs) + (
+            For(last.var, last.lo, last.extent, as_block(rename(p.inner, {p.loop.var: first, **runs}))),) + tuple(
+            Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in p.accs))
+        return _around(chain[:-1], body)
+    return _around(chain, rename(p.inner, {p.loop.var: first, **parts}))
+
+
+def _lanes_loop(p: _LanePlan, lane: Var, n_lanes, body, parts: dict) -> Simd:
+    """A vector loop of ``n_lanes`` active lanes running ``body`` into the lane
+    partials ``parts``, then combining them into the accumulators."""
+    return Simd(lane, idx(0), p.lanes, n_lanes, Block(_allocs(p.accs, parts) + (body,) + tuple(
+        Assign(acc, COMBINE[op](acc, LaneReduce(op, parts[acc], ident))) for acc, op, ident in p.accs)))
+
+
+def reduce_in_lanes(body: Block, bl: Blocking, min_trips: int = 0):
+    """Spread the iterations of the first reduction loop nest of ``body`` over
+    vector lanes: each lane combines its own share in order into its own
+    partial value per accumulator, the lanes are combined pairwise at the
+    end and the leftover iterations after that.  This reassociates the
+    reduction in a fixed way (the same for every run and thread count).  The
+    lanes run over the reduction loop along which the reads are most
+    contiguous; the loop along which the remaining gathers move least is put
+    innermost, so the lines a gather touches are reused; a long sum is added
+    up in blocks (the rounding error grows with the block, not the total).
+    Returns the new body or None when no loop nest qualifies."""
+    p = _lane_plan(body, bl, min_trips)
+    if p is None:
+        return None
+    v, n = p.loop, p.loop.extent.value
+    lane = var(f"{v.var.name}.l")
+    parts = {acc: Local(f"{acc.name}.lanes", acc.dtype) for acc, _, _ in p.accs}
+    out = [_lanes_loop(p, lane, idx(p.lanes), _whole_vectors(p, lane, parts), parts)]
+    if n % p.lanes:                      # the leftover iterations, in masked lanes, after the rest
+        start = add(v.lo, add(idx(n // p.lanes * p.lanes), lane))
+        out.append(_lanes_loop(p, lane, idx(n % p.lanes), _around(p.rest, rename(p.inner, {v.var: start, **parts})),
+                               parts))
+    return Block(tuple(body.stmts[:p.k]) + tuple(out) + tuple(body.stmts[p.k + 1:]))
+
+
+def in_lanes(nest: Nest, stage: Stage, bl: Blocking) -> list:
+    """``stage`` with each element's reduction in vector lanes
+    (:func:`reduce_in_lanes`); unchanged when no reduction qualifies."""
+    body = reduce_in_lanes(nest.body, bl)
+    return [stage] if body is None else [Stage(stage.name, stage.buffer, nest.around(body))]
+
+
+def dot_tiles(nest: Nest, j: Var, bl: Blocking):
+    """Register tiles for ``C[i, j] = sum_k A[i, k] B[j, k]`` without copying
+    ``B``: a tile of ``bl.dot_tile x bl.dot_tile`` elements shares one reduction loop
+    (unroll and jam, as scalars), and that loop runs in vector lanes along
+    ``k``, where both operands are contiguous (:func:`reduce_in_lanes`);
+    each element's lanes are added pairwise at the end.  Returns the stage
+    body or None when the nest does not have that shape."""
+    k = nest.vars.index(j)
+    if k == 0 or any(isinstance(x, If) for x in walk(nest.body)):
+        return None
+    i = nest.vars[k - 1]
+    i_extent, j_extent = nest.extents[k - 1], nest.extents[k]
+    tags, failed = count(), []
+
+    def tile(ib, n_rows, jb, n_cols):
+        jammed = jam(nest.body, [{i: add(ib, idx(r)), j: add(jb, idx(c))}
+                                 for r in range(n_rows) for c in range(n_cols)], tags)
+        out = reduce_in_lanes(jammed, bl, min_trips=2 * bl.lanes(4))
+        if out is None:
+            failed.append(True)
+            return jammed
+        return out
+
+    inner = tiled(j_extent, bl.dot_tile, var(f"{j.name}.o"), lambda jb, nc, _: Block((
+        tiled(i_extent, bl.dot_tile, var(f"{i.name}.o"), lambda ib, nr_, _: tile(ib, nr_, jb, nc)),)))
+    if failed:
+        return None
+    outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
+    chain = outer + loop_chain(inner)
+    return with_root(chain, chain[-1].body)

@@ -1,0 +1,47 @@
+"""Rule 6, register tiles: the output axis ``i`` tiled with the vector axis
+``j`` so that an ``MR x NR``-vector tile of accumulators shares one
+reduction loop (unroll and jam, :mod:`~lowering.schedule.jam`): each vector
+load serves ``MR`` rows and each broadcast ``NR`` vectors."""
+from __future__ import annotations
+
+from math import prod
+
+from te_autodiff.expr import Var
+
+from ..loop_ir import For, stmt_exprs, stride, walk
+from .blocking import GEMM_MIN_TRIPS, Blocking
+from .nest import Nest, depends, trips
+from .peeling import interior
+
+
+def gemm_rows(nest: Nest, body, j: Var, accesses, inner: dict, bl: Blocking):
+    """The output variable to register-tile with ``j``, or None: the body must
+    run a reduction whose bounds read neither, in which some load does not
+    move with ``j`` (a broadcast) and some load does not move with it.
+    Among the variables whose rows share the most vector loads, the first
+    whose tests can be peeled off (:func:`~lowering.schedule.peeling.peel`;
+    a test on the row would be repeated for each row of a tile), then one
+    with a full tile of rows, then the one along which the broadcast loads
+    move least (adjacent rows read the same cache lines: the output columns
+    of a convolution rather than its batch).  ``inner``: the ranges of the
+    loops inside the body."""
+    loops = [s for s in walk(body) if isinstance(s, For)]
+    if not loops:
+        return None
+    steps = prod(trips(lp) for lp in loops if not depends(stmt_exprs(lp), {j}))
+    if steps < GEMM_MIN_TRIPS:
+        return None
+    reads = [a for a in accesses if a.loops and not a.store]
+    if not any(stride(a.index, j) == 0 for a in reads):
+        return None
+    best, best_key = None, None
+    for v, n in zip(nest.vars, nest.extents):
+        if v is j or n < 2 or any(depends(stmt_exprs(lp), {v, j}) for lp in loops):
+            continue
+        score = sum(a.weight for a in reads if stride(a.index, v) == 0 and stride(a.index, j) != 0)
+        moves = [stride(a.index, v) for a in reads if stride(a.index, j) == 0 and stride(a.index, v) != 0]
+        spread = max((float("inf") if m is None else abs(m) for m in moves), default=0)
+        key = (score, interior(body, v, inner) is not None, min(n, bl.tile_rows), -spread)
+        if score > 0 and (best_key is None or key > best_key):
+            best, best_key = v, key
+    return best

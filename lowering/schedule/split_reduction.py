@@ -1,0 +1,86 @@
+"""Rule 1, split reductions to one element: a stage storing one value reduced
+over a large domain (a loss) would run on one thread, so its outermost
+reduction loop is cut into a fixed number of parts computed in parallel by a
+new stage and added in order by the stage itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from te_autodiff.expr import Const, add, mul, var
+
+from ..loop_ir import Alloc, Assign, Block, BufLoad, For, Stage, Store, rename
+from .blocking import SPLIT_MIN_WORK, SPLIT_PARTS, Blocking
+from .ir import idx, temporary
+from .lane_reduction import reduce_in_lanes
+from .nest import COMBINE, Nest, accumulation, loop_nests, outer_writes
+
+
+@dataclass(frozen=True)
+class _Split:
+    """The reduction nest at statement ``k`` of the element body: its outer
+    loop ``outer`` is cut into ``parts``; ``init`` declares the accumulator
+    it combines into with ``op``."""
+
+    k: int
+    outer: For
+    parts: int
+    init: Alloc
+    op: str
+
+
+def splits_reduction(extents) -> bool:
+    """Whether :func:`split_reduction` spreads a reduction to one element over ``extents`` across threads."""
+    return prod(extents) >= SPLIT_MIN_WORK and any(extents[0] % p == 0 for p in SPLIT_PARTS)
+
+
+def _split_plan(nest: Nest):
+    """The :class:`_Split` of a stage storing one element whose first
+    reduction loop nest is at least ``SPLIT_MIN_WORK`` long, its outer extent
+    a multiple of one of ``SPLIT_PARTS``, and combines one accumulator
+    declared with a constant; None otherwise."""
+    if any(n != 1 for n in nest.extents):
+        return None
+    stmts = nest.body.stmts
+    for k, loops, inner in loop_nests(nest.body):
+        outer = loops[0]
+        total = prod(lp.extent.value for lp in loops)
+        parts = next((p for p in SPLIT_PARTS if outer.extent.value % p == 0), None)
+        if parts is None or total < SPLIT_MIN_WORK:
+            return None
+        writes = outer_writes(inner)
+        if len(writes) != 1 or accumulation(writes[0]) is None:
+            return None
+        acc, (op, _) = writes[0].local, accumulation(writes[0])
+        init = [x for x in stmts[:k] if isinstance(x, Alloc) and x.local is acc]
+        if not init or not isinstance(init[0].init, Const) or any(
+                isinstance(x, (Alloc, Assign)) and x.local is not acc for x in stmts[:k]):
+            return None
+        return _Split(k, outer, parts, init[0], op)
+    return None
+
+
+def split_reduction(nest: Nest, stage: Stage, taken: set, new_buffers: list, bl: Blocking):
+    """A stage that reduces a large domain to one element (a loss) would run on
+    one thread.  Its outermost reduction loop is cut into ``P`` equal parts,
+    a fixed number that does not depend on the thread count: a first stage
+    computes the ``P`` partial results in parallel (each in vector lanes,
+    :func:`~lowering.schedule.lane_reduction.reduce_in_lanes`) into a
+    temporary, a second combines them in order.  Every run and thread count
+    adds the same numbers in the same order.  Returns the two stages or None."""
+    plan = _split_plan(nest)
+    if plan is None:
+        return None
+    outer, acc, stmts = plan.outer, plan.init.local, nest.body.stmts
+    chunk = outer.extent.value // plan.parts
+    buf = temporary(f"{stage.name}.parts", (plan.parts,), acc.dtype, taken, new_buffers)
+    p, r = var("p"), var(f"{outer.var.name}.c")
+    part_loop = rename(For(r, idx(0), idx(chunk), outer.body, outer.kind),
+                       {outer.var: add(add(mul(p, idx(chunk)), outer.lo), r)})
+    body = Block((plan.init, part_loop, Store(buf, p, acc)))
+    body = reduce_in_lanes(body, bl) or body
+    first = Stage(buf.name, buf, For(p, idx(0), idx(plan.parts), body, "parallel"))
+    q = var("q")
+    combine = For(q, idx(0), idx(plan.parts), Block((Assign(acc, COMBINE[plan.op](acc, BufLoad(buf, q))),)))
+    rest = Block(tuple(stmts[:plan.k]) + (combine,) + tuple(stmts[plan.k + 1:]))
+    return [first, Stage(stage.name, stage.buffer, nest.around(rest))]

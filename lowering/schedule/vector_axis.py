@@ -1,0 +1,99 @@
+"""Rule 3, the vector axis: which iterations of a stage run in vector lanes.
+Each output axis is scored by the element body's memory accesses, weighted
+by how often they run, plus the cost of its transposed copies (rule 5); the
+innermost reduction is scored the same way.  The decision is a
+:class:`VectorAxis`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import prod
+
+import numpy as np
+
+from te_autodiff.expr import Const, Var
+
+from ..loop_ir import Alloc, Assign, Block, For, stride
+from .blocking import PACK_MAX_BYTES, Blocking
+from .nest import Nest, accesses_of, accumulation, innermost_reduction
+from .packing import transposed_copies
+
+
+@dataclass(frozen=True)
+class VectorAxis:
+    """Rule 3's decision.  ``j``: the output axis whose iterations become
+    vector lanes, or None when each element's reduction runs in lanes (a
+    stage storing one element, a row reduction such as a softmax
+    denominator).  ``copies``: the transposed copies along ``j`` (rule 5);
+    ``dot_tiles``: they are larger than ``PACK_MAX_BYTES``, so dot-product
+    tiles (vector lanes along the reduction) are tried first."""
+
+    j: Var | None
+    copies: tuple = ()
+    dot_tiles: bool = False
+
+
+def lanes_for(accesses, bl: Blocking) -> int:
+    """Lanes of a vector register for the widest element ``accesses`` read or write."""
+    return bl.lanes(max([np.dtype(a.buffer.dtype).itemsize for a in accesses] + [4]))
+
+
+def vector_cost(accesses, v, lanes, extent) -> float:
+    """Estimated cost per element of running ``v``'s iterations in vector
+    lanes: an index that does not move with ``v`` is a broadcast (nearly
+    free), one that moves by one element a vector access (1), any other a
+    gather (one per lane) or a scatter (two per lane); one more when a test
+    around the access differs between lanes (masked work)."""
+    if extent < 2:
+        return float("inf")
+    used = extent / (-(-extent // lanes) * lanes)
+    total = 0.0
+    for a in accesses:
+        s = stride(a.index, v)
+        total += a.weight * (0.1 if s == 0 else 1.0 if s == 1 else 2 * lanes if a.store else lanes)
+        total += a.weight if v in a.tested else 0     # a test that differs between lanes: masked work
+    return total / (lanes * used)
+
+
+def _plain(loop: For) -> bool:
+    """Whether LLVM's loop vectoriser can take ``loop``: its body only
+    combines one accumulator (``acc = acc + e``: no tests, no second local)."""
+    stmts = loop.body.stmts if isinstance(loop.body, Block) else (loop.body,)
+    return all(isinstance(x, Alloc) or (isinstance(x, Assign) and accumulation(x) is not None) for x in stmts) \
+        and sum(isinstance(x, Assign) for x in stmts) == 1
+
+
+def _axis_cost(nest: Nest, accesses, v: Var, extent: int, lanes: int, copies) -> float:
+    """:func:`vector_cost` of output axis ``v`` when ``copies`` are made: a
+    copied load reads its copy with unit stride, and the copy moves each
+    element once (about one gather lane each), per output element."""
+    packed = {id(c.access) for c in copies}
+    cost = vector_cost([a if id(a) not in packed else replace(a, index=v, store=False) for a in accesses],
+                       v, lanes, extent)
+    return cost + sum(prod(n for _, _, n in c.box) for c in copies) / prod(nest.extents)
+
+
+def _row_reduction(body, accesses, lanes: int, best: float) -> bool:
+    """Whether the innermost reduction, in vector lanes, costs less than half
+    the best output axis ``best`` (a reduction LLVM could vectorise, as a
+    row reduction)."""
+    red = innermost_reduction(body)
+    if red is None or red.kind != "serial" or not isinstance(red.extent, Const) or not _plain(red):
+        return False
+    inner = [a for a in accesses if red in a.loops]
+    return vector_cost(inner, red.var, lanes, red.extent.value) < best * 0.5
+
+
+def vector_axis(nest: Nest, bl: Blocking) -> VectorAxis | None:
+    """Rule 3's decision for ``nest``; None when no iteration can use the
+    lanes (a stage without elements)."""
+    accesses = accesses_of(nest.body)
+    lanes = lanes_for(accesses, bl)
+    copies = {v: transposed_copies(nest, v, accesses) for v in nest.vars}
+    costs = {v: _axis_cost(nest, accesses, v, n, lanes, copies[v]) for v, n in zip(nest.vars, nest.extents)}
+    j = min(reversed(nest.vars), key=lambda v: costs[v])
+    if costs[j] == float("inf"):          # a stage storing one element
+        return None if any(n != 1 for n in nest.extents) else VectorAxis(None)
+    if _row_reduction(nest.body, accesses, lanes, costs[j]):
+        return VectorAxis(None)
+    large = sum(c.access.buffer.nbytes for c in copies[j]) > PACK_MAX_BYTES
+    return VectorAxis(j, tuple(copies[j]), bool(copies[j]) and large)
