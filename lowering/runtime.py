@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -100,13 +101,35 @@ def _load_openmp():
             _openmp = False
 
 
-def _optimise(module, tm):
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(module, pb)
+_MASKED = re.compile(r"llvm\.masked\.(?:load|store|gather|scatter|expandload|compressstore)\.v(\d+)([if])(\d+)")
+
+
+def _masked_wider_than(llvm_ir: str, vector_bytes: int) -> bool:
+    """Whether ``llvm_ir`` has a masked memory operation on data wider than ``vector_bytes``."""
+    return any(int(lanes) * int(bits) > 8 * vector_bytes for lanes, _, bits in _MASKED.findall(llvm_ir)
+               if int(bits) > 1)
+
+
+def _optimised(ir_text: str, tm, target: Target):
+    """``ir_text`` parsed and run through LLVM's -O3 pipeline for ``tm``.
+    The code te emits never has a masked memory operation wider than the
+    target's vectors, but LLVM's SLP vectoriser may make one of strided
+    scalar loads (a max pool's window in float64); type legalisation splits
+    it, where LLVM 22.1 can abort the process ("unknown LocationSize",
+    llvm-project issue 180251).  Such a module is optimised again without
+    the SLP vectoriser."""
+    for slp in (True, False):
+        module = llvm.parse_assembly(ir_text)
+        module.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = slp
+        pto.loop_unrolling = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(module, pb)
+        if not _masked_wider_than(str(module), target.vector_bytes):
+            break
+    return module
 
 
 @dataclass
@@ -147,9 +170,7 @@ def compile_program(program: Program, target: Target) -> Compiled:
         unrunnable = target.missing_on_host()
         openmp = _openmp and unrunnable is None
         ir_module = emit_module(program, target, str(tm.target_data), openmp=openmp)
-        module = llvm.parse_assembly(str(ir_module))
-        module.verify()
-        _optimise(module, tm)
+        module = _optimised(str(ir_module), tm, target)
         if unrunnable is not None:
             compiled = Compiled(None, [], str(module), target, unrunnable=unrunnable)
         else:
