@@ -551,11 +551,12 @@ class _FunctionEmitter:
         nxt = self.b.add(iv, ir.Constant(I64, 1))
         iv.add_incoming(nxt, self.b.block)
         latch = self.b.cbranch(self.b.icmp_signed("<", nxt, hi), body, done)
-        if kind == "vectorize":
-            parallel = self.module.add_metadata(
-                [ir.MetaDataString(self.module, "llvm.loop.parallel_accesses"), self.access_group])
+        hint = {"vectorize": ["llvm.loop.parallel_accesses", self.access_group],
+                "rolled": ["llvm.loop.unroll.disable"]}.get(kind)
+        if hint is not None:
+            md = self.module.add_metadata([ir.MetaDataString(self.module, hint[0])] + hint[1:])
             loop_id = _distinct(self.module)
-            loop_id.operands = (loop_id, parallel)
+            loop_id.operands = (loop_id, md)
             latch.set_metadata("llvm.loop", loop_id)
         self.access_group = outer_group
         self.b.position_at_end(done)
@@ -569,7 +570,7 @@ class _FunctionEmitter:
         if s.kind == "parallel":        # this call runs the chunk [lo, hi) of the root loop
             lo = self.b.call(self.intrinsic("llvm.smax.i64", I64, [I64, I64]), [lo, self.lo])
             hi = self.b.call(self.intrinsic("llvm.smin.i64", I64, [I64, I64]), [hi, self.hi])
-        kind = "serial" if self.lanes is not None else s.kind
+        kind = "serial" if self.lanes is not None and s.kind != "rolled" else s.kind
         self._loop(s.var, lo, hi, lambda iv: self.block(s.body, {s.var: iv}), kind)
 
     def _masked_for(self, s: For, lo, extent):

@@ -21,7 +21,7 @@ import numpy as np
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
 from te_autodiff.visit import children as te_children
 
-LOOP_KINDS = ("serial", "parallel", "vectorize")
+LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled")
 SIMD_WIDTH_BYTES = 64            # one AVX-512 register: 16 float32 or 8 float64 lanes
 BUFFER_KINDS = ("input", "output", "temp")
 STAGE_BUDGET = 256               # expression nodes of one stage body: LLVM's compile time grows faster
@@ -130,7 +130,8 @@ class For:
     """``for var in [lo, lo + extent)``; an extent <= 0 runs no iteration.
     ``kind``: serial; parallel (iterations independent, the runtime may split
     them across threads); vectorize (iterations independent, a hint for the
-    loop vectoriser)."""
+    loop vectoriser); rolled (serial, and LLVM must not unroll it: see
+    ``schedule/register_tile.py``)."""
 
     var: Var
     lo: Expr
@@ -268,19 +269,20 @@ def stmt_exprs(s) -> tuple:
     return _STMT_EXPRS[type(s)](s)
 
 
-def map_stmt(s, expr, local=lambda x: x):
-    """``s`` rebuilt with every expression it evaluates passed through ``expr``
-    and every local it declares or assigns through ``local`` (nested
-    statements included); the one statement walker the passes share."""
+def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind):
+    """``s`` rebuilt with every expression it evaluates passed through ``expr``,
+    every local it declares or assigns through ``local`` and every loop's
+    kind given by ``kind(loop)`` (nested statements included); the one
+    statement walker the passes share."""
     if isinstance(s, Block):
-        return Block(tuple(map_stmt(x, expr, local) for x in s.stmts))
+        return Block(tuple(map_stmt(x, expr, local, kind) for x in s.stmts))
     if isinstance(s, For):
-        return For(s.var, expr(s.lo), expr(s.extent), map_stmt(s.body, expr, local), s.kind)
+        return For(s.var, expr(s.lo), expr(s.extent), map_stmt(s.body, expr, local, kind), kind(s))
     if isinstance(s, Simd):
-        return Simd(s.var, expr(s.lo), s.lanes, expr(s.count), map_stmt(s.body, expr, local))
+        return Simd(s.var, expr(s.lo), s.lanes, expr(s.count), map_stmt(s.body, expr, local, kind))
     if isinstance(s, If):
-        return If(expr(s.cond), map_stmt(s.then, expr, local),
-                  None if s.else_ is None else map_stmt(s.else_, expr, local))
+        return If(expr(s.cond), map_stmt(s.then, expr, local, kind),
+                  None if s.else_ is None else map_stmt(s.else_, expr, local, kind))
     if isinstance(s, Store):
         return Store(s.buffer, expr(s.index), expr(s.value))
     if isinstance(s, Alloc):

@@ -457,3 +457,18 @@ def test_large_outputs_written_once_use_streaming_stores():
     functions = {f.split("(")[0]: f for f in reread.llvm_ir.split("define ")}
     assert "!nontemporal" in functions["void @stage1"]                  # z streams,
     assert "!nontemporal" not in functions["void @stage0"]              # y, read by z, stays cached
+
+
+@pytest.mark.parametrize("name,rolled", [("haswell", True), ("skylake-avx512", False)])
+def test_shared_broadcasts_stay_rolled_where_registers_are_short(name, rolled):
+    """A convolution's rows x read Xp[x + rx]: unrolling rx lets LLVM keep the
+    shared broadcasts live, more than AVX2's 16 registers hold beside a 6 x 2
+    tile (the rx loop stays rolled) but not more than AVX-512's 32."""
+    X, W, Y = conv(2, 16, 12, 16, 3, 1)
+    kernel = te.build([X, W], [Y], target=name)
+    assert ("rolled for rx" in kernel.scheduled_ir) == rolled
+    assert ("rolled for" in kernel.scheduled_ir) == rolled
+    if te.target(name).missing_on_host() is None:
+        x = RNG.standard_normal(X.shape).astype(np.float32)
+        w = RNG.standard_normal(W.shape).astype(np.float32)
+        np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)

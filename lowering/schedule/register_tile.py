@@ -8,9 +8,9 @@ from math import prod
 
 from te_autodiff.expr import Var
 
-from ..loop_ir import For, stmt_exprs, stride, walk
-from .blocking import GEMM_MIN_TRIPS, Blocking
-from .nest import Nest, depends, trips
+from ..loop_ir import Block, For, map_stmt, stmt_exprs, stride, walk
+from .blocking import GEMM_MIN_TRIPS, UNROLL_GUESS, Blocking
+from .nest import Nest, accesses_of, depends, trips
 from .peeling import interior
 
 
@@ -45,3 +45,30 @@ def gemm_rows(nest: Nest, body, j: Var, accesses, inner: dict, bl: Blocking):
         if score > 0 and (best_key is None or key > best_key):
             best, best_key = v, key
     return best
+
+
+def roll_shared_broadcasts(body: Block, i: Var, j: Var, mr: int, nr: int, bl: Blocking) -> Block:
+    """``body`` with the reduction loops LLVM must not unroll marked ``rolled``.
+
+    A tile step holds ``mr x nr`` accumulators, ``nr`` vectors and one
+    broadcast at a time (rows in order, :func:`~lowering.schedule.tile_loops`).
+    When a broadcast operand moves along a reduction loop by ``q`` rows
+    (``X[x + kw]`` with rows ``x``: ``q = 1``), unrolling that loop ``t``
+    times lets LLVM load each shared broadcast once and keep it: ``mr + (t -
+    1) q`` broadcasts live at once.  Where those do not fit in the target's
+    vector registers (AVX2's 16, not AVX-512's 32) they would be spilled on
+    every step, so the loop stays rolled."""
+    spare = bl.target.vector_registers - mr * nr - nr - mr
+    rolled = set()
+    for a in accesses_of(body):
+        si = stride(a.index, i)
+        if a.store or not a.loops or stride(a.index, j) != 0 or not si:
+            continue
+        for lp in a.loops:
+            sk = stride(a.index, lp.var)
+            if sk and sk % si == 0 and abs(sk // si) < mr and \
+                    (min(trips(lp), UNROLL_GUESS) - 1) * abs(sk // si) > spare:
+                rolled.add(lp.var)
+    if not rolled:
+        return body
+    return map_stmt(body, lambda e: e, kind=lambda lp: "rolled" if lp.var in rolled else lp.kind)

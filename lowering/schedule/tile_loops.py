@@ -52,7 +52,10 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags) -> Block:
     full, rest = divmod(n_cols, lanes)
     out = []
     if full:
-        reps = [{**rs, j: add(add(base, idx(c * lanes)), lane), jt: tile} for c in range(full) for rs in row_subs]
+        # row by row, the vectors of a row together: a row's broadcast is used by its ``full``
+        # multiply-adds and dies, so the tile needs its accumulators, ``full`` vectors and one
+        # broadcast in registers (all rows' broadcasts stay live in the other order)
+        reps = [{**rs, j: add(add(base, idx(c * lanes)), lane), jt: tile} for rs in row_subs for c in range(full)]
         out.append(Simd(lane, idx(0), lanes, idx(lanes), jam(src, reps, tags)))
     if rest:
         reps = [{**rs, j: add(add(base, idx(full * lanes)), lane), jt: tile} for rs in row_subs]

@@ -14,7 +14,7 @@ from .k_blocks import KBlocks, k_blocks, row_blocks
 from .nest import Nest, accesses_of, loop_ranges
 from .packing import copied, panel_copies
 from .peeling import Peel, peel
-from .register_tile import gemm_rows
+from .register_tile import gemm_rows, roll_shared_broadcasts
 from .selects import if_to_select
 from .vector_axis import VectorAxis, lanes_for
 
@@ -77,6 +77,7 @@ def _register_tile(plan: TilePlan, nest: Nest, i: Var, accesses, inner: dict, ou
     j, j_extent, lanes, (jt, it) = plan.j, plan.j_extent, plan.lanes, plan.tiles
     i_extent = nest.extent(i)
     mr, nr = min(bl.tile_rows, i_extent), min(TILE_VECTORS, -(-j_extent // lanes))
+    plan = replace(plan, body=roll_shared_broadcasts(plan.body, i, j, mr, nr, bl))
     copies = tuple(panel_copies(nest, accesses, i, j, plan.copies, mr, nr * lanes, plan.tiles, bl))
     kb = k_blocks(plan.body, out, j, bl)
     columns_first = kb is not None or any(c.panel is not None and c.panel[1] is jt for c in copies)
