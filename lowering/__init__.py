@@ -5,6 +5,6 @@
 """
 from .pipeline import build, cost
 from .runtime import Kernel
-from .target import Target, target
+from .target import Target
 
-__all__ = ["build", "cost", "Kernel", "Target", "target"]
+__all__ = ["build", "cost", "Kernel", "Target"]

@@ -31,7 +31,7 @@ def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
 def target(name=None):
     """The CPU description kernels are compiled for: ``name`` as in
     ``te.build(..., target=name)`` (None: ``TE_TARGET`` or this machine)."""
-    from lowering import target as _target
+    from lowering.target import target as _target
     return _target(name)
 
 

@@ -472,3 +472,21 @@ def test_shared_broadcasts_stay_rolled_where_registers_are_short(name, rolled):
         x = RNG.standard_normal(X.shape).astype(np.float32)
         w = RNG.standard_normal(W.shape).astype(np.float32)
         np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
+def test_unbalanced_parallel_root_is_collapsed(threads, collapsed):
+    """The filter gradient's tile loops have 3 iterations each (kh, kw): over 2
+    threads one would idle a third of the time, so kh and kw become one root
+    loop of 9 (over 1 or 3 threads 3 shares out evenly).  The bits do not change."""
+    from dataclasses import replace
+
+    X, W, Y = conv(2, 16, 12, 16, 3, 1)
+    H = te.placeholder(Y.shape, "float32", "H")
+    dW, = te.gradient(Y, [W], head=H)
+    target = replace(te.target(), threads=threads)
+    kernel = te.build([X, W, H], [dW], target=target)
+    assert ("in 0..9:" in kernel.scheduled_ir.split("stage dW")[-1]) == collapsed
+    x, w, h = (RNG.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
+    reference = te.build([X, W, H], [dW], target=replace(te.target(), threads=1))(x, w, h)
+    np.testing.assert_array_equal(kernel(x, w, h), reference)

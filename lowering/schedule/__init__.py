@@ -136,7 +136,8 @@ def _vectorise(nest: Nest, stage: Stage, taken: set, new_stages: list, new_buffe
         if body is not None:
             return [Stage(stage.name, stage.buffer, body)]
     plan = plan_tiles(nest, axis, stage.buffer, bl)                             # 4-8 decided
-    out, tail = build_tiles(plan, nest, stage, taken, new_stages, new_buffers)  # built, 9
+    out, tail = build_tiles(plan, nest, stage, taken, new_stages, new_buffers,  # built, 9
+                            bl.target.threads)
     return out if tail is None else out + schedule_stage(tail, taken, new_buffers, bl)
 
 

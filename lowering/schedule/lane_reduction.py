@@ -186,4 +186,4 @@ def dot_tiles(nest: Nest, j: Var, bl: Blocking):
         return None
     outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
     chain = outer + loop_chain(inner)
-    return with_root(chain, chain[-1].body)
+    return with_root(chain, chain[-1].body, bl.target.threads)

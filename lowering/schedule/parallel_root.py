@@ -1,11 +1,20 @@
 """Rule 9, the parallel root: the outermost loop of a stage is the one the
 runtime splits across threads, so it should have at least ``MIN_ROOT``
-iterations; an output tile loop with more is moved out when it has fewer."""
+iterations; an output tile loop with more is moved out when it has fewer.
+A root whose iterations do not share out evenly over the target's threads
+(3 over 2 keeps one thread idle a third of the time) is collapsed with the
+loop inside it (3 x 3 = 9: 5 and 4).  Either way each element is computed
+by the same operations; only which thread computes it changes."""
 from __future__ import annotations
 
-from ..loop_ir import Block, For, stmt_exprs
+from te_autodiff.expr import Const, add, floordiv, mod, var
+
+from ..loop_ir import Block, For, rename, stmt_exprs, substitute
 from .blocking import MIN_ROOT
+from .ir import idx
 from .nest import assemble, depends, trips
+
+BALANCED = 0.9               # a root whose equal chunks keep the threads at least this busy
 
 
 def loop_chain(loop):
@@ -33,6 +42,32 @@ def choose_root(chain, movable=None):
     return chain
 
 
-def with_root(chain, body, movable=None):
-    """The loops ``chain`` around ``body``, reordered for a parallel root (:func:`choose_root`)."""
-    return assemble(choose_root(chain, movable), body)
+def balance(n: int, threads: int) -> float:
+    """How busy ``threads`` threads are when ``n`` iterations are split in equal chunks."""
+    return n / (-(-n // threads) * threads) if n > 0 else 1.0
+
+
+def _collapsed(chain, body, movable, threads):
+    """``(chain, body)`` with its two outermost loops made one when the
+    outermost alone is unbalanced over ``threads`` and both have constant
+    bounds independent of each other (the second reordered freely, ``movable``)."""
+    if len(chain) < 2:
+        return chain, body
+    a, b = chain[0], chain[1]
+    if not all(isinstance(x, Const) for x in (a.lo, a.extent, b.lo, b.extent)) or \
+            (movable is not None and b.var not in movable) or \
+            balance(trips(a), threads) >= BALANCED or \
+            balance(trips(a) * trips(b), threads) <= balance(trips(a), threads):
+        return chain, body
+    q = var(f"{a.var.name}.{b.var.name}")
+    mapping = {a.var: add(a.lo, floordiv(q, b.extent)), b.var: add(b.lo, mod(q, b.extent))}
+    rest = [For(lp.var, substitute(lp.lo, mapping), substitute(lp.extent, mapping), None, lp.kind)
+            for lp in chain[2:]]
+    return [For(q, idx(0), idx(trips(a) * trips(b)), None)] + rest, rename(body, mapping)
+
+
+def with_root(chain, body, threads: int, movable=None):
+    """The loops ``chain`` around ``body``, reordered for a parallel root
+    (:func:`choose_root`) and collapsed when that root is unbalanced over ``threads``."""
+    chain, body = _collapsed(choose_root(chain, movable), body, movable, threads)
+    return assemble(chain, body)

@@ -129,10 +129,11 @@ def _tile_loops(plan: TilePlan, body):
     return _rows(plan, body, segments, lambda rs, src: Block((_columns(plan, rs, src, tags),)))
 
 
-def build_tiles(plan: TilePlan, nest: Nest, stage: Stage, taken: set, new_stages: list, new_buffers: list):
+def build_tiles(plan: TilePlan, nest: Nest, stage: Stage, taken: set, new_stages: list, new_buffers: list,
+                threads: int):
     """``(stages, tail)``: ``stage`` scheduled by ``plan`` (its copies join
-    ``new_stages``), and the K-block epilogue stage still to schedule (None
-    without one)."""
+    ``new_stages``; the parallel root balanced over ``threads``), and the
+    K-block epilogue stage still to schedule (None without one)."""
     body = pack(plan.body, plan.copies, taken, new_stages, new_buffers)
     epilogue, kb = None, plan.k_blocks
     if kb is not None:
@@ -143,7 +144,7 @@ def build_tiles(plan: TilePlan, nest: Nest, stage: Stage, taken: set, new_stages
     chain = [lp for lp in nest.loops if lp.var is not rows and lp.var is not plan.j]
     chain += loop_chain(loops) if isinstance(loops, For) else []
     movable = {lp.var for lp in chain} - ({kb.var} if kb is not None else set())
-    nest_ir = with_root(chain, chain[-1].body if isinstance(loops, For) else loops, movable)
+    nest_ir = with_root(chain, chain[-1].body if isinstance(loops, For) else loops, threads, movable)
     if epilogue is None:
         return [Stage(stage.name, stage.buffer, nest_ir)], None
     sums, store = epilogue
