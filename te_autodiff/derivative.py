@@ -158,11 +158,18 @@ def _seed_sum(t, here):
     return const(1, t.dtype)
 
 
+NO_POSITION = 1 << 62       # the "first position" of a row that never reaches its extremum (NaN)
+
+
 def _seed_extremum(t, here):
+    # the derivative follows the first position where the body reaches the
+    # extremum ``t`` holds: a min reduction of positions over ``t``'s own
+    # value (a second pass that runs in vector lanes, like ``t``), rather
+    # than an argmax that tracks the best value and its position together
     r = t.body
-    g = r.body if r.op == "max" else -r.body
-    am = _cached(t, "argmax", lambda: _sibling(t, "argmax", "argmax", g))
-    return select(compare("eq", _position(r), am[here]), const(1, t.dtype), const(0, t.dtype))
+    first = _cached(t, "argmax", lambda: _sibling(t, "argmax", "min", select(
+        compare("eq", r.body, t[tuple(t.axes)]), _position(r), const(NO_POSITION, dt.INDEX))))
+    return select(compare("eq", _position(r), first[here]), const(1, t.dtype), const(0, t.dtype))
 
 
 def _seed_prod(t, here):
