@@ -57,6 +57,22 @@ class Kernel:
     def names(self) -> tuple:
         return tuple(self.shapes)
 
+    def te_program(self, te) -> tuple:
+        """``(placeholders, [loss, *gradients])``: the te-autodiff program the
+        runner builds (``loss = Σ(out·H)`` and its VJP for ``head=True``)."""
+        P = {n: te.placeholder(self.shapes[n], "int32" if n in self.int_inputs else self.dtype, n)
+             for n in self.names}
+        out = self.te(te, P)
+        wrt = [P[n] for n in self.wrt]
+        if self.head:
+            H = P["H"]
+            axes = [te.reduce_axis(s, f"r{d}") for d, s in enumerate(out.shape)]
+            loss = te.compute((1,), lambda _: te.sum(out[tuple(axes)] * H[tuple(axes)], axis=axes), name="loss")
+            grads = te.gradient(out, wrt, head=H)
+        else:
+            loss, grads = out, te.gradient(out, wrt)
+        return [P[n] for n in self.names], [loss, *grads]
+
     def arrays(self, rng) -> list:
         """The kernel's inputs in call order: floats in ``dtype``, integers as int32."""
         data = self.make(rng)

@@ -53,20 +53,9 @@ def prepare_te(kernel, arrays, threads=None) -> Prepared:
         except (ImportError, AttributeError):
             pass
     t0 = time.perf_counter()
-    P = {n: te.placeholder(kernel.shapes[n], "int32" if n in kernel.int_inputs else kernel.dtype, n)
-         for n in kernel.names}
-    out = kernel.te(te, P)
-    wrt = [P[n] for n in kernel.wrt]
-    if kernel.head:
-        H = P["H"]
-        axes = [te.reduce_axis(s, f"r{d}") for d, s in enumerate(out.shape)]
-        loss = te.compute((1,), lambda _: te.sum(out[tuple(axes)] * H[tuple(axes)], axis=axes), name="loss")
-        grads = te.gradient(out, wrt, head=H)
-    else:
-        loss = out
-        grads = te.gradient(out, wrt)
+    inputs, outputs = kernel.te_program(te)
     t1 = time.perf_counter()
-    f = te.build([P[n] for n in kernel.names], [loss] + list(grads))
+    f = te.build(inputs, outputs)
     t2 = time.perf_counter()
     step = lambda: f(*arrays)                                       # noqa: E731
     first = step()

@@ -346,7 +346,7 @@ class _FunctionEmitter:
         self.streamed = False
         self.stmt(stage.body)
         if self.streamed:           # order the streaming stores before whatever follows the stage
-            self.b.call(self.intrinsic("llvm.x86.sse.sfence", ir.VoidType(), []), [])
+            self.b.call(self.intrinsic(self.target.store_fence, ir.VoidType(), []), [])
         self.b.ret_void()
         self.alloca.branch(body)
 

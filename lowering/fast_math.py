@@ -44,7 +44,7 @@ class _Ops:
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
         self.n = like.type.count if isinstance(like.type, ir.VectorType) else None
-        self.scalef = self.n == 16 and "avx512f" in fe.target.features     # vscalefps <16 x float>
+        self.scalef = fe.target.scale_intrinsic if self.n == 16 else None     # vscalefps <16 x float>
 
     def t(self, scalar):
         return scalar if self.n is None else ir.VectorType(scalar, self.n)
@@ -114,7 +114,7 @@ def _ldexp(o, p, n):
     poison there: callers select NaN lanes afterwards)."""
     if o.scalef:
         vt = o.t(F32)
-        fn = o.fe.intrinsic("llvm.x86.avx512.mask.scalef.ps.512", vt, [vt, vt, vt, ir.IntType(16), I32])
+        fn = o.fe.intrinsic(o.scalef, vt, [vt, vt, vt, ir.IntType(16), I32])
         return o.b.call(fn, [p, n, ir.Constant(vt, None), ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)])
     ni = o.b.fptosi(n, o.t(I32))
     half = o.b.ashr(ni, o.i(1))

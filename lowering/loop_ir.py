@@ -22,7 +22,6 @@ from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce,
 from te_autodiff.visit import children as te_children
 
 LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled")
-SIMD_WIDTH_BYTES = 64            # one AVX-512 register: 16 float32 or 8 float64 lanes
 BUFFER_KINDS = ("input", "output", "temp")
 STAGE_BUDGET = 256               # expression nodes of one stage body: LLVM's compile time grows faster
                                  # than linearly with one loop body, so lowering and fusion stop here

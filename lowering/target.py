@@ -112,6 +112,16 @@ class Target:
         return self.arch == "x86_64"
 
     @property
+    def store_fence(self) -> str | None:
+        """The intrinsic that orders streaming stores before later stores (x86's sfence)."""
+        return "llvm.x86.sse.sfence" if self.streaming_stores else None
+
+    @property
+    def scale_intrinsic(self) -> str | None:
+        """AVX-512's ``vscalefps`` on 16 float32 (``p 2^n`` in one rounding), if the target has it."""
+        return "llvm.x86.avx512.mask.scalef.ps.512" if "avx512f" in self.features else None
+
+    @property
     def alignment(self) -> int:
         """Bytes outputs and temporaries are aligned to: a cache line, or a
         vector when wider (codegen promises it to LLVM, the runtime allocates so)."""

@@ -17,7 +17,7 @@ such child per target.
 The programs (each ``(inputs, outputs)``, gradients included):
 
 * the ten benchmark kernels (``benchmarks/kernels.py``): loss and gradients,
-  built as ``benchmarks/peers.py`` builds them;
+  built by ``Kernel.te_program`` as the benchmark runner builds them;
 * NN layers from ``test_gradient_nn.py`` / ``conftest.py`` (dense, strided
   and dilated conv with guarded padding, max/avg pooling, softmax, MLP with
   int labels, gathers, residual blocks, second order), in float64 and float32,
@@ -98,19 +98,7 @@ def with_grad(out, inputs, wrt=None, head=True, extra=(), ints=None, data=None):
 
 def _benchmark(kernel):
     def build():
-        P = {n: te.placeholder(kernel.shapes[n], "int32" if n in kernel.int_inputs else kernel.dtype, n)
-             for n in kernel.names}
-        out = kernel.te(te, P)
-        wrt = [P[n] for n in kernel.wrt]
-        if kernel.head:
-            H = P["H"]
-            axes = [te.reduce_axis(s, f"r{d}") for d, s in enumerate(out.shape)]
-            loss = te.compute((1,), lambda _: te.sum(out[tuple(axes)] * H[tuple(axes)], axis=axes), name="loss")
-            grads = te.gradient(out, wrt, head=H)
-        else:
-            loss, grads = out, te.gradient(out, wrt)
-        return Built([P[n] for n in kernel.names], [loss, *grads],
-                     lambda rng: kernel.arrays(rng))
+        return Built(*kernel.te_program(te), lambda rng: kernel.arrays(rng))
     return Entry(f"bench/{kernel.key}", build)
 
 
