@@ -294,6 +294,21 @@ def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind):
 
 
 
+def loads_in(exprs, visited: set):
+    """The buffer reads (:class:`BufLoad`, :class:`GuardedLoad`) inside
+    ``exprs``, depth first, skipping nodes in ``visited`` (which it extends:
+    pass one set to visit a shared sub-expression once across calls)."""
+    stack = list(exprs)
+    while stack:
+        e = stack.pop()
+        if e in visited:
+            continue
+        visited.add(e)
+        if isinstance(e, (BufLoad, GuardedLoad)):
+            yield e
+        stack += children(e)
+
+
 def stage_buffers(stage: Stage):
     """``(buffers, loaded)``: the buffers ``stage`` reads or writes, in
     first-use order (its own buffer first), and the set of those it reads."""
@@ -301,16 +316,9 @@ def stage_buffers(stage: Stage):
     for s in walk(stage.body):
         if isinstance(s, Store):            # a fused stage stores into several buffers
             seen.setdefault(s.buffer, None)
-        stack = list(stmt_exprs(s))
-        while stack:
-            e = stack.pop()
-            if e in visited:
-                continue
-            visited.add(e)
-            if isinstance(e, (BufLoad, GuardedLoad)):
-                seen.setdefault(e.buffer, None)
-                loaded.add(e.buffer)
-            stack += children(e)
+        for load in loads_in(stmt_exprs(s), visited):
+            seen.setdefault(load.buffer, None)
+            loaded.add(load.buffer)
     return list(seen), loaded
 
 def map_loads(e: Expr, fn) -> Expr:

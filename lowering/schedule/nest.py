@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from te_autodiff.expr import BinOp, Cast, Const, add, maximum, minimum, mul
 
-from ..loop_ir import (Alloc, Assign, Block, Buffer, BufLoad, For, GuardedLoad, If, Stage, Store, children,
-                       free_leaves, stmt_exprs, walk)
+from ..loop_ir import (Alloc, Assign, Block, Buffer, For, If, Stage, Store, free_leaves, loads_in, stmt_exprs,
+                       walk)
 from .blocking import UNKNOWN_TRIPS
 from .ir import as_block
 
@@ -91,15 +91,7 @@ def accesses_of(body) -> list:
     out = []
 
     def exprs(es, weight, loops, tested):
-        seen, stack = set(), list(es)
-        while stack:
-            e = stack.pop()
-            if e in seen:
-                continue
-            seen.add(e)
-            if isinstance(e, (BufLoad, GuardedLoad)):
-                out.append(Access(e.buffer, e.index, weight, False, loops, tested))
-            stack += children(e)
+        out.extend(Access(e.buffer, e.index, weight, False, loops, tested) for e in loads_in(es, set()))
 
     def visit(s, weight, loops, tested):
         if isinstance(s, Block):
