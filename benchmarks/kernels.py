@@ -1,4 +1,4 @@
-"""The ten benchmark kernels, each defined once as data.
+"""The twelve benchmark kernels, each defined once as data.
 
 Every kernel computes a scalar loss and its gradients with respect to the
 inputs named in ``wrt``.  A kernel with an output tensor (``head=True``) uses
@@ -467,4 +467,57 @@ MLP = Kernel(
     head=False, flops=2 * 2 * MB * MI * MH + 3 * 2 * MB * MH * MO, limit="sgemm", int_inputs=("L",))
 
 
-KERNELS = {k.id: k for k in (MATMUL, DENSE, CONV, MAXPOOL, SOFTMAX_CE, ELEMENTWISE, SEED, STENCIL, STRIDED, MLP)}
+# ---------------------------------------------------------------- 11. embedding
+
+
+def _rows_add(shape, ids, values):
+    """``out[ids[n]] += values[n]`` written for speed in numpy: a stable sort
+    of the ids, then one ``add.reduceat`` per run of equal ids."""
+    out = np.zeros(shape, values.dtype)
+    order = np.argsort(ids, kind="stable")
+    run_ids, starts = np.unique(ids[order], return_index=True)
+    out[run_ids] = np.add.reduceat(values[order], starts, axis=0)
+    return out
+
+
+def _embedding_np(E, I, H):
+    Y = E[I]
+    return np.vdot(Y, H), [_rows_add(E.shape, I, H)], Y
+
+
+EV, ED, EI = 10000, 64, 2048
+EMBEDDING = Kernel(
+    11, "embedding", "embedding Y[n,d] = E[I[n],d], E 10000×64, 2048 ids", dict(E=(EV, ED), I=(EI,), H=(EI, ED)),
+    ("E",),
+    make=lambda r: dict(E=_normal(r, (EV, ED)), I=r.integers(0, EV, EI), H=_normal(r, (EI, ED))),
+    numpy=_embedding_np,
+    te=lambda te, P: te.compute((EI, ED), lambda n, d: P["E"][P["I"][n], d], name="Y"),
+    jax=lambda m: lambda E, I, H: m.np.sum(m.np.take(E, I, axis=0) * H),
+    torch=lambda m: lambda E, I, H: (m.nn.embedding(I, E) * H).sum(),
+    bytes=4 * (2 * EI * ED + EV * ED + EI), limit="bandwidth", int_inputs=("I",))
+
+
+# ---------------------------------------------------------------- 12. gather along an axis
+
+
+def _gather_np(X, I, H):
+    A, C = X.shape
+    Y = np.take_along_axis(X, I, axis=1)
+    flat = (np.arange(A)[:, None] * C + I).reshape(-1)
+    return np.vdot(Y, H), [_rows_add((A * C,), flat, H.reshape(-1)).reshape(A, C)], Y
+
+
+GA, GC, GJ = 1024, 512, 64
+GATHER = Kernel(
+    12, "gather", "gather along an axis Y[i,j] = X[i, I[i,j]], X 1024×512, 64 per row",
+    dict(X=(GA, GC), I=(GA, GJ), H=(GA, GJ)), ("X",),
+    make=lambda r: dict(X=_normal(r, (GA, GC)), I=r.integers(0, GC, (GA, GJ)), H=_normal(r, (GA, GJ))),
+    numpy=_gather_np,
+    te=lambda te, P: te.compute((GA, GJ), lambda i, j: P["X"][i, P["I"][i, j]], name="Y"),
+    jax=lambda m: lambda X, I, H: m.np.sum(m.np.take_along_axis(X, I, axis=1) * H),
+    torch=lambda m: lambda X, I, H: (m.np.gather(X, 1, I) * H).sum(),
+    bytes=4 * (3 * GA * GJ + GA * GC), limit="bandwidth", int_inputs=("I",))
+
+
+KERNELS = {k.id: k for k in (MATMUL, DENSE, CONV, MAXPOOL, SOFTMAX_CE, ELEMENTWISE, SEED, STENCIL, STRIDED, MLP,
+                             EMBEDDING, GATHER)}

@@ -229,7 +229,7 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
     L.append("`✗` marks a result outside the tolerance (not counted as fastest). "
              "Rates: GFLOP/s counts the GEMM flops of forward + backward (kernels 1, 2, 3, 10 vs sgemm; 7 vs dgemm); "
              "GB/s counts the least bytes a loss + gradient pass must move (read inputs and head, write gradients; "
-             "kernels 4, 5, 6, 8, 9 vs copy bandwidth). Issue targets: ≥ 60% of sgemm for 1, 2, 3, 10 and ≥ 70% of copy "
+             "kernels 4, 5, 6, 8, 9, 11, 12 vs copy bandwidth). Issue targets: ≥ 60% of sgemm for 1, 2, 3, 10 and ≥ 70% of copy "
              "for 6, 8, 9.")
     L.append("")
     L.append("## Compile / first-call time (s)")

@@ -26,8 +26,9 @@ from __future__ import annotations
 import functools
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, Select, Unary, Var,
-                              add, binop, const, sub)
+from te_autodiff.expr import (BinOp, Cast, Cmp, Const, InverseIndex, Load, Logic, Reduce, Select, Unary,
+                              Var, add, binop, const, sub)
+from te_autodiff.inverse_index import value_range
 from te_autodiff.visit import children, topo_order
 
 from .bounds_exact import NEGATED, proves_in_range
@@ -304,7 +305,15 @@ class _Bounder:
         return min(a[0], b[0]), max(a[1], b[1])
 
 
+    def load_range(self, e, depth):
+        """What an inverse index holds (positions and starts); other tensor data is unbounded."""
+        if not isinstance(e.tensor.body, InverseIndex):
+            return None, None
+        return value_range(e, self.range(e.indices[-1], depth))
+
+
 _ATOM_RANGE = {
+    Load: _Bounder.load_range,
     BinOp: _Bounder.binop_range,
     Select: _Bounder.select_range,
     Cast: lambda self, e, depth: (0, 1) if e.a.dtype == "bool" else (None, None),
@@ -354,6 +363,8 @@ _SCOPED_CHILDREN = {       # sub-expressions with the scope each is evaluated in
                          else [(e.a, s), (e.b, s.guarded(e.a, e.op == "and"))]),
     Reduce: lambda e, s: ([(x, s) for dom in e.doms for x in dom]
                           + [(e.body, s.with_vars(e.axes, e.doms))]),
+    InverseIndex: lambda e, s: [(e.at, s), (e.key, s.with_vars(
+        e.axes, [(const(lo, dt.INDEX), const(n, dt.INDEX)) for lo, n in e.doms]))],
 }
 
 

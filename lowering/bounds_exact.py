@@ -116,8 +116,12 @@ def proves_in_range(index, extent: int, scope) -> bool:
             if isinstance(lo, Const) and isinstance(ext, Const):
                 enc.ranges[v] = (lo.value, lo.value + ext.value - 1)
             else:
-                x, first = LinearExpr.var(v), enc.lin(lo)
-                enc.inequalities += [x - first, first + enc.lin(ext) - 1 - x]
+                try:
+                    x, first = LinearExpr.var(v), enc.lin(lo)
+                    enc.inequalities += [x - first, first + enc.lin(ext) - 1 - x]
+                except _Unsupported:        # a range read from data: the variable's fixed range, if any
+                    if v.dom is not None:
+                        enc.ranges[v] = (v.dom[0], v.dom[0] + v.dom[1] - 1)
         for cond, truth in scope.conds:
             enc.condition(cond, truth)
         target = enc.lin(index)

@@ -318,6 +318,7 @@ class _FunctionEmitter:
         self.module = module
         self.target = target
         self.buffers, self.loaded = stage_buffers(stage)
+        self.written = {x.buffer for x in walk(stage.body) if isinstance(x, Store)}
         self.loaded = self.loaded | read           # read by this stage or by another one
         args = [PTR] * len(self.buffers) + [I64, I64, PTR]
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
@@ -488,7 +489,8 @@ class _FunctionEmitter:
 
     def expr(self, e):
         """The value of a loop IR expression; each distinct node once per block
-        (nodes that read locals only once per statement: locals change)."""
+        (nodes that read locals, or buffers the stage writes, only once per
+        statement: those change)."""
         local_memo = {}
         stack = [(e, False)]
         while stack:
@@ -505,7 +507,8 @@ class _FunctionEmitter:
                     and any(isinstance(v.type, ir.VectorType) for v in vals)):
                 vals = [self.splat(v) for v in vals]
             value = _EXPR[type(node)](self, node, vals)
-            uses_local = isinstance(node, Local) or any(self.uses_local.get(k, False) for k in kids)
+            uses_local = (isinstance(node, Local) or any(self.uses_local.get(k, False) for k in kids)
+                          or isinstance(node, (BufLoad, GuardedLoad)) and node.buffer in self.written)
             self.uses_local[node] = uses_local
             (local_memo if uses_local else self.scopes[-1])[node] = value
         return self._lookup(e, local_memo)

@@ -4,16 +4,20 @@ Iterations are counted by compiling a counting variant of the program: every
 innermost loop is replaced by ``count += max(extent, 0)``, every other loop
 and every index-only condition is kept, and every statement that touches
 data is dropped.  A condition that depends on tensor data counts as taken
-(both of its branches are counted).  LLVM folds most of these nests into
-closed forms, so 10^9 iterations cost nothing to count.
+(both of its branches are counted).  A loop over the matches of an inverse
+index (bounds read from a counting sort's starts) counts as if every key
+were in range: the counting program fills each sort's starts with an even
+share of the positions, so such loops total exactly the number of positions
+per row whatever the data.  LLVM folds most of these nests into closed
+forms, so 10^9 iterations cost nothing to count.
 """
 from __future__ import annotations
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import add, const, maximum
+from te_autodiff.expr import add, const, floordiv, maximum, mul, var
 
 from .bounds_check import is_index_only
-from .loop_ir import Block, Buffer, BufLoad, For, If, Program, Stage, Store, walk
+from .loop_ir import Block, Buffer, BufLoad, For, If, Program, Stage, Store, loads_in, walk
 from .runtime import compile_program, execute
 from .target import host_target
 
@@ -22,49 +26,71 @@ def _innermost(loop: For) -> bool:
     return not any(isinstance(s, For) for s in walk(loop.body))
 
 
-def _count_for(s: For, counter: Buffer, stage: str):
-    if not (is_index_only(s.lo) and is_index_only(s.extent)):
-        raise ValueError(f"te.cost: a loop bound in stage '{stage}' depends on tensor data")
-    zero = const(0, dt.INDEX)
-    if _innermost(s):
-        return Store(counter, zero, add(BufLoad(counter, zero), maximum(s.extent, zero)))
-    body = _counting(s.body, counter, stage)
-    return None if body is None else For(s.var, s.lo, s.extent, Block((body,)))
+class _Counting:
+    """The counting version of one stage's statements."""
+
+    def __init__(self, counter: Buffer, stage: str, sorts: frozenset):
+        self.counter, self.stage, self.sorts = counter, stage, sorts
+
+    def bound_ok(self, e) -> bool:
+        """Index arithmetic, or reads of the starts of a counting sort."""
+        return all(ld.buffer in self.sorts and is_index_only(ld.index) for ld in loads_in((e,), set()))
+
+    def for_(self, s: For):
+        if not (self.bound_ok(s.lo) and self.bound_ok(s.extent)):
+            raise ValueError(f"te.cost: a loop bound in stage '{self.stage}' depends on tensor data")
+        zero = const(0, dt.INDEX)
+        if _innermost(s):
+            return Store(self.counter, zero, add(BufLoad(self.counter, zero), maximum(s.extent, zero)))
+        body = self(s.body)
+        return None if body is None else For(s.var, s.lo, s.extent, Block((body,)))
+
+    def block(self, s: Block):
+        parts = tuple(p for p in (self(x) for x in s.stmts) if p is not None)
+        return Block(parts) if parts else None
+
+    def if_(self, s: If):
+        then = self(s.then)
+        other = None if s.else_ is None else self(s.else_)
+        if then is None and other is None:
+            return None
+        if not is_index_only(s.cond):          # data decides: both branches count as taken
+            return Block(tuple(p for p in (then, other) if p is not None))
+        return If(s.cond, then or Block(()), other)
+
+    def __call__(self, stmt):
+        """The counting version of ``stmt`` (None when it counts nothing)."""
+        rule = {For: _Counting.for_, Block: _Counting.block, If: _Counting.if_}.get(type(stmt))
+        return None if rule is None else rule(self, stmt)
 
 
-def _count_block(s: Block, counter: Buffer, stage: str):
-    parts = tuple(p for p in (_counting(x, counter, stage) for x in s.stmts) if p is not None)
-    return Block(parts) if parts else None
-
-
-def _count_if(s: If, counter: Buffer, stage: str):
-    then = _counting(s.then, counter, stage)
-    other = None if s.else_ is None else _counting(s.else_, counter, stage)
-    if then is None and other is None:
-        return None
-    if not is_index_only(s.cond):          # data decides: both branches count as taken
-        return Block(tuple(p for p in (then, other) if p is not None))
-    return If(s.cond, then or Block(()), other)
-
-
-_COUNTING = {For: _count_for, Block: _count_block, If: _count_if}
-
-
-def _counting(stmt, counter: Buffer, stage: str):
-    """The counting version of ``stmt`` (None when it counts nothing)."""
-    rule = _COUNTING.get(type(stmt))
-    return None if rule is None else rule(stmt, counter, stage)
+def _even_starts(st: Stage) -> Stage:
+    """A stand-in for counting sort ``st``: value ``x`` of every row starts at
+    ``x · positions // values``, so all positions match some value."""
+    values, positions = st.sort
+    buf = st.buffer
+    width = values + 1 + positions
+    row, x = var("row", (0, buf.size // width)), var("x", (0, values + 1))
+    start = floordiv(mul(x, const(positions, dt.INDEX)), const(values, dt.INDEX))
+    fill = For(x, const(0, dt.INDEX), const(values + 1, dt.INDEX),
+               Block((Store(buf, add(mul(row, const(width, dt.INDEX)), x), start),)))
+    return Stage(f"{st.name}.even", buf, For(row, const(0, dt.INDEX), const(buf.size // width, dt.INDEX),
+                                              Block((fill,)), "parallel"))
 
 
 def count_iterations(program: Program) -> int:
     """Exact number of innermost loop-body executions of ``program``."""
     counter = Buffer("count", (1,), dt.INDEX, "output")
     zero = const(0, dt.INDEX)
+    sorts = [st for st in program.stages if st.sort is not None]
+    sort_buffers = frozenset(st.buffer for st in sorts)
     stages = [Stage("zero", counter, Store(counter, zero, zero))]
     for st in program.stages:
-        body = _counting(st.body, counter, st.name)
+        body = _Counting(counter, st.name, sort_buffers)(st.body)
         if body is not None:
             stages.append(Stage(st.name, counter, body))
-    counting = Program(f"count_{program.name}", (counter,), tuple(stages), (counter,), ())
+        if st.sort is not None:
+            stages.append(_even_starts(st))
+    counting = Program(f"count_{program.name}", (counter,) + tuple(sort_buffers), tuple(stages), (counter,), ())
     storage = execute(counting, compile_program(counting, host_target()), [])
     return int(storage[counter][0])

@@ -202,11 +202,15 @@ class Check:
 
 @dataclass(frozen=True, eq=False)
 class Stage:
-    """One materialised tensor: a loop nest whose root loop is parallel."""
+    """One materialised tensor: a loop nest whose root loop is parallel.
+    ``sort`` is ``(values, positions)`` for the counting sort of an inverse
+    index (``counting_sort.py``): a stage written by hand, which fusion and
+    the schedule leave as it is."""
 
     name: str
     buffer: Buffer
     body: For
+    sort: tuple | None = None
 
 
 @dataclass(frozen=True, eq=False)

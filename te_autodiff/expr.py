@@ -252,6 +252,26 @@ class Reduce(Expr):
         object.__setattr__(self, "dtype", dt.INDEX if self.op == "argmax" else self.body.dtype)
 
 
+class InverseIndex(Expr):
+    """Element ``at`` of the run-time inverse of the integer index ``key``.
+
+    ``key`` is a function of the positions ``axes`` (ranges ``doms``, pairs of
+    ints ``(lo, extent)``); its values of interest are ``lo .. lo + count - 1``.
+    Elements ``0 .. count`` are where each value's matches start (``at = v - lo``
+    and ``v - lo + 1`` bound the matches of ``v``; element ``count`` is the
+    number of keys in range); elements ``count + 1 + r`` list the matching
+    positions (row-major over ``axes``, from 0) grouped by value, in
+    increasing order within a value, then those of keys out of range.  Built
+    by ``inverse_index.py``, computed by a counting sort
+    (``lowering/counting_sort.py``)."""
+
+    __slots__ = ("key", "axes", "doms", "lo", "count", "at")
+    fields = ("key", "axes", "doms", "lo", "count", "at")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", dt.INDEX)
+
+
 REDUCE_OPS = ("sum", "prod", "max", "min")
 UNARY_OPS = ("neg", "abs", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos")
 

@@ -6,7 +6,7 @@ the tree it unfolds to.  Variables that share a name get a ``'`` suffix.
 """
 from __future__ import annotations
 
-from .expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
+from .expr import BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, Reduce, Select, Unary, Var
 from .visit import children, topo_order
 
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
@@ -28,7 +28,7 @@ class _Printer:
         self.shared = set()
         if share:
             # a node that mentions a reduction's own axis must stay inside it
-            bound = {ax for n in order if isinstance(n, Reduce) for ax in n.axes}
+            bound = {ax for n in order if isinstance(n, (Reduce, InverseIndex)) for ax in n.axes}
             local = {}
             for n in order:
                 local[n] = (n in bound) or any(local[c] for c in children(n))
@@ -94,10 +94,16 @@ class _Printer:
                     hi = str(lo.value + ext.value)
                 elif _is_inclusive(ext, lo):       # ext = (last - lo) + 1
                     hi = "=" + self.expr(ext.a.a)
+                elif isinstance(ext, BinOp) and ext.op == "sub" and ext.b is lo:     # ext = end - lo
+                    hi = self.expr(ext.a)
                 else:
                     hi = self.expr(lo + ext)
                 ranges.append(f"{self.var(ax)} in {self.expr(lo)}..{hi}")
             return f"{e.op}[{', '.join(ranges)}]({self.expr(e.body)})", 3
+        if isinstance(e, InverseIndex):
+            ranges = ", ".join(f"{self.var(ax)} in {lo}..{lo + n}" for ax, (lo, n) in zip(e.axes, e.doms))
+            return (f"inverse_index[{ranges}]({self.expr(e.key)}, values {e.lo}..{e.lo + e.count})"
+                    f"[{self.expr(e.at)}]"), 3
         raise TypeError(f"cannot print {type(e).__name__}")
 
     def wrap(self, text: str) -> str:

@@ -23,7 +23,7 @@ from .visit import rewrite, substitute
 _CANON_AXES: dict = {}
 
 
-def _canon_var(kind: str, n: int, dom):
+def canonical_var(kind: str, n: int, dom):
     """The canonical variable for position ``n`` (fixed objects, so bodies that
     differ only in their variables' names become the same hash-consed node)."""
     key = (kind, n, dom)
@@ -35,13 +35,13 @@ def _canon_var(kind: str, n: int, dom):
 
 def canonical_body(t: Tensor):
     """``t``'s body with its axes and reduce variables renamed canonically."""
-    rename = {a: _canon_var("a", d, a.dom) for d, a in enumerate(t.axes)}
+    rename = {a: canonical_var("a", d, a.dom) for d, a in enumerate(t.axes)}
     body = substitute(t.body, rename)
     count = iter(range(1 << 30))
 
     def rebind(node, new):
         if isinstance(new, Reduce):
-            inner = {ax: _canon_var("r", next(count), ax.dom) for ax in new.axes}
+            inner = {ax: canonical_var("r", next(count), ax.dom) for ax in new.axes}
             return Reduce(new.op, substitute(new.body, inner), tuple(inner[a] for a in new.axes),
                           tuple(tuple(substitute(x, inner) for x in dom) for dom in new.doms))
         return None

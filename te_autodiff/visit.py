@@ -7,7 +7,7 @@ DAG bottom-up with a memo table keyed on node identity.
 """
 from __future__ import annotations
 
-from .expr import (BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var,
+from .expr import (BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, Reduce, Select, Unary, Var,
                    binop, cast, compare, logic_and, logic_not, logic_or, reduce, select, unary)
 
 
@@ -25,6 +25,8 @@ def children(e: Expr) -> tuple:
         return e.indices
     if isinstance(e, Reduce):
         return tuple(x for dom in e.doms for x in dom) + (e.body,)
+    if isinstance(e, InverseIndex):
+        return (e.key, e.at)
     return ()
 
 
@@ -49,6 +51,7 @@ _REBUILD = {
     Select: lambda e, k: select(k[0], k[1], k[2]),
     Load: lambda e, k: Load(e.tensor, tuple(k)),
     Reduce: _reduce,
+    InverseIndex: lambda e, k: InverseIndex(k[0], e.axes, e.doms, e.lo, e.count, k[1]),
 }
 
 
@@ -110,7 +113,7 @@ def free_vars(e: Expr) -> set:
     for node in topo_order([e]):
         if isinstance(node, Var):
             used.add(node)
-        elif isinstance(node, Reduce):
+        elif isinstance(node, (Reduce, InverseIndex)):
             bound.update(node.axes)
     return used - bound
 

@@ -16,8 +16,11 @@ each ``j``.  :func:`gather` turns the term into
 3. The domain of ``s`` and the linear guards, rewritten in ``z``, give each
    ``z`` affine bounds by Fourier–Motzkin (``arith.fourier_motzkin``), with
    constraints implied by the outer variables' ranges pruned by OR-tools.
-4. Whatever is left on the outer variables alone becomes the outer guard;
-   conditions the solver cannot use (data-dependent ones) stay as selects.
+4. Equalities the solver cannot use because they read tensor data are
+   solved by substitution or, for ``v == I[n]`` with ``n`` summed, by an
+   inverse index computed at run time (``inverse_index.py``).
+5. Whatever is left on the outer variables alone becomes the outer guard;
+   other conditions the solver cannot use stay as selects.
 
 Every step preserves the value exactly; ``term.naive`` is the oracle.
 """
@@ -31,6 +34,7 @@ from arith import Var as ArithVar
 from . import dtype as dt
 from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, compare, const,
                    floordiv, is_const, logic_not, maximum, minimum, mod, mul, neg, reduce, select, var)
+from .inverse_index import solve_data_equalities
 from .pretty import expr_str
 from .term import Term
 from .visit import children, free_vars, rebuild, substitute
@@ -187,9 +191,9 @@ class _Gather:
         for v, ix in zip(t.eq_vars, t.indices):
             ix_l = self.lin(ix)
             if ix_l is None:
-                # not affine (e.g. read from a tensor): kept as a condition, summed over in full
-                log.info("zero elimination cannot solve index %s (not affine); it stays the "
-                         "condition %s == %s", expr_str(ix), v.name, expr_str(ix))
+                # not affine (e.g. read from a tensor): left to solve_data_equalities
+                log.info("zero elimination cannot solve index %s (not affine) over the integers",
+                         expr_str(ix))
                 residual.append(compare("eq", v, ix))
             else:
                 eqs.append(LinearExpr.var(v) - ix_l)
@@ -246,10 +250,11 @@ class _Gather:
                 continue
             axes.append(z)
             doms.append((substitute(lo, point), substitute(hi - lo + 1, point)))
-        invariant, body = _factor_out(substitute(substitute(core, values), point), set(axes))
+        axes, doms, core, conds = solve_data_equalities(
+            axes, doms, substitute(substitute(core, values), point), [substitute(c, point) for c in conds])
+        invariant, body = _factor_out(core, set(axes))
         inner = []
         for c in conds:
-            c = substitute(c, point)
             (inner if free_vars(c) & set(axes) else guards).append(c)
         if inner:
             body = select(all_(*inner), body, zero)

@@ -12,7 +12,7 @@ import numpy as np
 
 from te_autodiff.expr import Const, Var
 
-from ..loop_ir import Alloc, Assign, Block, For, stride
+from ..loop_ir import Alloc, Assign, Block, For, free_leaves, stride
 from .blocking import PACK_MAX_BYTES, Blocking
 from .nest import Nest, accesses_of, accumulation, innermost_reduction
 from .packing import transposed_copies
@@ -42,14 +42,18 @@ def vector_cost(accesses, v, lanes, extent) -> float:
     lanes: an index that does not move with ``v`` is a broadcast (nearly
     free), one that moves by one element a vector access (1), any other a
     gather (one per lane) or a scatter (two per lane); one more when a test
-    around the access differs between lanes (masked work)."""
+    around the access differs between lanes (masked work).  Inside a loop
+    whose range differs between lanes (the matches of an inverse index)
+    every access is a masked gather or scatter."""
     if extent < 2:
         return float("inf")
     used = extent / (-(-extent // lanes) * lanes)
     total = 0.0
     for a in accesses:
-        s = stride(a.index, v)
+        s = None if any(v in free_leaves(lp.lo) | free_leaves(lp.extent) for lp in a.loops) \
+            else stride(a.index, v)
         total += a.weight * (0.1 if s == 0 else 1.0 if s == 1 else 2 * lanes if a.store else lanes)
+        total += a.weight if s is None else 0
         total += a.weight if v in a.tested else 0     # a test that differs between lanes: masked work
     return total / (lanes * used)
 

@@ -1,0 +1,178 @@
+"""Inverse indices: sums over the positions where a data-dependent index takes a value.
+
+The adjoint of an embedding lookup ``Y[n, d] = E[I[n], d]`` is
+
+    dE[v, d] = Σ_n H[n, d] · [I[n] == v]
+
+The equality reads tensor data, so the integer solver of ``zero_elim`` cannot
+use it, and summed as written it costs V·N·D.  Inverting the index at run
+time makes the adjoint a gather again.  A counting sort of the keys ``I[n]``
+(count each value, prefix-sum the counts, place each position) lists, for
+every value ``v``, the positions ``n`` with ``I[n] == v`` in increasing order:
+
+    dE[v, d] = Σ_{r in starts[v] .. starts[v + 1]} H[order[r], d]
+
+That is O(N + V) to sort and O(N·D) to gather, with one writer per output
+element and no atomics.  Every sum runs in an order fixed by the data alone,
+so results are bit-identical for any thread count.
+
+``starts`` and ``order`` are the two parts of one tensor whose body is an
+:class:`~te_autodiff.expr.InverseIndex`.  Its key may depend on several
+positions (``X[I[t] + 2j]``: the key ``I[t] + 2j`` over ``(t, j)``) and on
+outer *batch* variables, with one sort per batch row.  torch.gather's
+adjoint is such a case: ``dX[a, c] = Σ_j H[a, j]·[I[a, j] == c]``.  Equal
+keys give one tensor, so every gradient that needs it shares one sort.
+
+A data-dependent equality on a *summation* variable needs no sort.  In
+``Σ_s H[s]·[S[n] == s]`` (a segment sum's adjoint) ``s`` takes the one value
+``S[n]``, under the guard that ``S[n]`` lies in the range of ``s``.
+
+:func:`solve_data_equalities` applies both rewrites to a sum that zero
+elimination leaves behind.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+
+from . import dtype as dt
+from .expr import Cmp, Const, InverseIndex, Load, Var, all_, cast, const, floordiv, mod, var
+from .pretty import expr_str
+from .sharing import canonical_var
+from .tensor import Tensor
+from .visit import free_vars, substitute, topo_order
+
+log = logging.getLogger("te_autodiff.zero_elim")
+
+_TENSORS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+
+def inverse_index(key, positions, doms, batch, lo: int, count: int) -> Tensor:
+    """The inverse-index tensor of ``key`` over ``positions`` (ranges ``doms``,
+    pairs of ints) for the values ``lo .. lo + count - 1``, one sort per point
+    of the outer variables ``batch`` (each with a fixed range).
+
+    Its shape is ``batch extents + (count + 1 + R,)``, ``R`` the number of
+    positions; see :class:`~te_autodiff.expr.InverseIndex` for the layout."""
+    axes = [canonical_var("b", n, (0, b.dom[1])) for n, b in enumerate(batch)]
+    rename = {b: a + b.dom[0] for a, b in zip(axes, batch)}
+    canon = [canonical_var("p", n, (0, ext)) for n, (_, ext) in enumerate(doms)]
+    rename.update({p: c + first for p, c, (first, _) in zip(positions, canon, doms)})
+    size = math.prod(ext for _, ext in doms)
+    body_key = cast(dt.INDEX, substitute(key, rename))
+    cache_key = (body_key, tuple(doms), tuple(a.dom for a in axes), lo, count)
+    t = _TENSORS.get(cache_key)
+    if t is None:
+        at = canonical_var("x", len(axes), (0, count + 1 + size))
+        body = InverseIndex(body_key, tuple(canon), tuple((0, ext) for _, ext in doms), lo, count, at)
+        reads = [n.tensor.name for n in topo_order([key]) if isinstance(n, Load)]
+        name = f"{reads[0] if reads else 'key'}_inv"
+        t = Tensor(name, tuple(a.dom[1] for a in axes) + (count + 1 + size,), dt.INDEX,
+                   tuple(axes) + (at,), body)
+        _TENSORS[cache_key] = t
+    return t
+
+
+def value_range(load: Load, last_index_range) -> tuple | None:
+    """``(lo, hi)`` of the values read by ``load`` when it reads an inverse
+    index (else None): starts lie in ``[0, R]``, positions in ``[0, R - 1]``.
+    ``last_index_range`` bounds the read's last index (None ends: unknown)."""
+    body = load.tensor.body
+    if not isinstance(body, InverseIndex):
+        return None
+    size = math.prod(ext for _, ext in body.doms)
+    first = last_index_range[0]
+    return (0, size - 1) if first is not None and first > body.count else (0, size)
+
+
+def _unflatten(p, doms) -> list:
+    """The positions whose row-major offset (from 0) is ``p``."""
+    out, stride = [], math.prod(ext for _, ext in doms)
+    for n, (first, ext) in enumerate(doms):
+        stride //= ext
+        q = p if stride == 1 else floordiv(p, const(stride, dt.INDEX))
+        out.append((q if n == 0 else mod(q, const(ext, dt.INDEX))) + first)
+    return out
+
+
+def _sides(c):
+    """``(a, b)`` and ``(b, a)`` of an integer equality ``a == b``, else ()."""
+    if isinstance(c, Cmp) and c.op == "eq" and dt.is_int(c.a.dtype) and dt.is_int(c.b.dtype):
+        return ((c.a, c.b), (c.b, c.a))
+    return ()
+
+
+class _Sum:
+    """A sum ``Σ_{axes in doms} [all(conds)] · body`` being rewritten."""
+
+    def __init__(self, axes, doms, body, conds):
+        self.axes, self.doms, self.body, self.conds = list(axes), list(doms), body, list(conds)
+
+    def replace(self, mapping: dict, drop, new_axes=(), new_doms=()):
+        """Substitute ``mapping`` everywhere, drop the axes ``drop`` and put
+        ``new_axes`` first."""
+        kept = [(a, tuple(substitute(x, mapping) for x in d))
+                for a, d in zip(self.axes, self.doms) if a not in drop]
+        self.axes = list(new_axes) + [a for a, _ in kept]
+        self.doms = list(new_doms) + [d for _, d in kept]
+        self.body = substitute(self.body, mapping)
+        self.conds = [substitute(c, mapping) for c in self.conds]
+
+    def point(self) -> bool:
+        """Solve one ``s == e`` (``s`` summed, ``e`` free of ``s`` and of the
+        axes after it) by substitution; the range of ``s`` becomes a guard."""
+        for c in self.conds:
+            for s, e in _sides(c):
+                if s not in self.axes:
+                    continue
+                later = set(self.axes[self.axes.index(s):])
+                if free_vars(e) & later:
+                    continue
+                first, ext = self.doms[self.axes.index(s)]
+                e = cast(dt.INDEX, e)
+                self.conds.remove(c)
+                self.replace({s: e}, {s})
+                self.conds.append(all_(e >= first, e < first + ext))
+                return True
+        return False
+
+    def invert(self) -> bool:
+        """Sum ``v == key(positions)`` over the matches of ``v`` only (an
+        inverse index), ``v`` an outer variable with a fixed range and the
+        positions summed over constant ranges."""
+        for c in self.conds:
+            for v, key in _sides(c):
+                if not isinstance(v, Var) or v in self.axes or v.dom is None:
+                    continue
+                fv = free_vars(key)
+                positions = [a for a in self.axes if a in fv]
+                doms = [self.doms[self.axes.index(a)] for a in positions]
+                batch = sorted(fv - set(self.axes), key=lambda b: b.uid)
+                if (v in fv or not positions or any(b.dom is None for b in batch)
+                        or not all(isinstance(x, Const) for d in doms for x in d)):
+                    continue
+                doms = [(d[0].value, d[1].value) for d in doms]
+                lo, count = v.dom
+                inv = inverse_index(key, positions, doms, batch, lo, count)
+                row = tuple(b - b.dom[0] for b in batch)
+                start, end = inv[row + (v - lo,)], inv[row + (v - lo + 1,)]
+                size = math.prod(ext for _, ext in doms)
+                r = var("r", (0, size))
+                at = _unflatten(inv[row + (r + (count + 1),)], doms)
+                log.info("zero elimination inverts the index %s == %s at run time: a counting sort "
+                         "of %d position(s) for %d value(s)", v.name, expr_str(key), size, count)
+                self.conds.remove(c)
+                self.replace(dict(zip(positions, at)), set(positions), [r], [(start, end - start)])
+                return True
+        return False
+
+
+def solve_data_equalities(axes, doms, body, conds):
+    """Rewrite ``Σ_{axes in doms} [all(conds)] · body`` so that no equality in
+    ``conds`` that reads tensor data is tested at every point of the sum (see
+    the module doc).  Returns the new ``(axes, doms, body, conds)``."""
+    s = _Sum(axes, doms, body, conds)
+    while s.point() or s.invert():
+        pass
+    return s.axes, s.doms, s.body, s.conds

@@ -1,0 +1,245 @@
+"""Data-dependent indices: embeddings, take, gather along an axis, a data-dependent
+plus affine index, segment sums and label reads.  Gradients against hand-written
+numpy (``np.add.at``), the ``optimize=False`` oracle and finite differences
+(``te.check_gradient``); the inverse index's work (``te.cost``), sharing,
+determinism and bad ids."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import te_autodiff as te
+from conftest import assert_close, build_grad
+
+F64 = "float64"
+rng = np.random.default_rng(7)
+
+
+def check(out, inputs, values, expected, wrt, head, fwd=None):
+    """te.gradient and optimize=False equal ``expected`` (and ``fwd`` the
+    forward); finite differences agree with te.gradient."""
+    r = build_grad(out, inputs, values, wrt=wrt, head=head)
+    if fwd is not None:
+        assert_close(r.fwd, fwd, what="forward")
+    assert_close(r.grads, expected, what="te.gradient vs numpy")
+    assert_close(r.naive, expected, what="optimize=False vs numpy")
+    te.check_gradient(out, inputs, values, head=head)
+    return r
+
+
+def embedding(V, D, id_shape, dtype=F64, id_dtype="int32"):
+    E = te.placeholder((V, D), dtype=dtype, name="E")
+    I = te.placeholder(id_shape, dtype=id_dtype, name="I")
+    Y = te.compute(id_shape + (D,), lambda *ix: E[I[ix[:-1]], ix[-1]], name="Y")
+    return E, I, Y
+
+
+def add_at(shape, ids, values):
+    out = np.zeros(shape)
+    np.add.at(out, ids, values)
+    return out
+
+
+@pytest.mark.parametrize("id_shape,id_dtype", [((9,), "int32"), ((3, 4), "int64")])
+def test_embedding(id_shape, id_dtype):
+    V, D = 7, 5
+    E, I, Y = embedding(V, D, id_shape, id_dtype=id_dtype)
+    e = rng.standard_normal((V, D))
+    ids = rng.integers(0, V - 1, id_shape).astype(id_dtype)       # row V-1 never used
+    ids.reshape(-1)[:3] = 2                                         # repeated ids
+    h = rng.standard_normal(id_shape + (D,))
+    ref = add_at((V, D), ids, h)
+    check(Y, [E, I], [e, ids], [ref], wrt=[E], head=h, fwd=e[ids])
+    assert not ref[V - 1].any()
+
+
+def test_pretty_shows_the_inverse_index():
+    E, I, Y = embedding(10, 4, (6,))
+    H = te.placeholder((6, 4), dtype=F64, name="H")
+    (dE,) = te.gradient(Y, [E], head=H)
+    lines = te.pretty(dE).splitlines()
+    assert "I_inv[x0] = inverse_index[p0 in 0..6](int64(I[p0]), values 0..10)[x0]    # shape (17) int64" \
+        in lines, lines
+    assert "dE[i0, i1] = sum[r in I_inv[i0]..I_inv[i0 + 1]](H[I_inv[r + 11], i1])    # shape (10, 4) float64" \
+        in lines, lines
+
+
+def test_embedding_cost_is_linear():
+    """Forward N·D, backward N·D gathered, and the sort: zero and prefix-sum
+    V + 1 starts, count and place N ids (no V·N·D term)."""
+    V, D, N = 1000, 16, 300
+    E, I, Y = embedding(V, D, (N,), dtype="float32")
+    H = te.placeholder((N, D), name="H")
+    (dE,) = te.gradient(Y, [E], head=H)
+    c = te.cost([E, I, H], [Y, dE])
+    assert c["iterations"] == 2 * N * D + 2 * N + 2 * (V + 1)
+    assert c["temp_bytes"] == 8 * (V + 1 + N)
+
+
+def test_take_and_a_data_dependent_plus_affine_index():
+    X = te.placeholder((20,), dtype=F64, name="X")
+    I = te.placeholder((6,), dtype="int32", name="I")
+    take = te.compute((6,), lambda n: X[I[n]], name="take")
+    x, ids = rng.standard_normal(20), np.array([3, 0, 3, 19, 7, 3], "int32")
+    h = rng.standard_normal(6)
+    check(take, [X, I], [x, ids], [add_at((20,), ids, h)], wrt=[X], head=h, fwd=x[ids])
+
+    J = 4
+    strided = te.compute((6, J), lambda t, j: X[I[t] + 2 * j], name="strided")
+    ids = np.array([0, 5, 3, 11, 0, 2], "int32")           # I[t] + 2j <= 17
+    h = rng.standard_normal((6, J))
+    pos = ids[:, None] + 2 * np.arange(J)[None, :]
+    r = check(strided, [X, I], [x, ids], [add_at((20,), pos, h)], wrt=[X], head=h, fwd=x[pos])
+    (dX,) = te.gradient(strided, [X])
+    assert "inverse_index[p0 in 0..6, p1 in 0..4](int64(I[p0]) + 2 * p1, values 0..20)" in te.pretty(dX)
+    assert r.fwd.shape == (6, J)
+
+
+def test_gather_along_an_axis_sorts_each_row():
+    """torch.gather semantics: Y[i, j] = X[i, I[i, j]]; one sort per row of X."""
+    A, C, J = 4, 6, 5
+    X = te.placeholder((A, C), dtype=F64, name="X")
+    I = te.placeholder((A, J), dtype="int64", name="I")
+    Y = te.compute((A, J), lambda i, j: X[i, I[i, j]], name="Y")
+    x, ids = rng.standard_normal((A, C)), rng.integers(0, C, (A, J))
+    h = rng.standard_normal((A, J))
+    ref = np.zeros((A, C))
+    for i in range(A):
+        np.add.at(ref[i], ids[i], h[i])
+    check(Y, [X, I], [x, ids], [ref], wrt=[X], head=h, fwd=np.take_along_axis(x, ids, 1))
+    (dX,) = te.gradient(Y, [X])
+    assert re.search(r"I_inv\[b0, x1\] = inverse_index\[p0 in 0\.\.5\]\(I\[b0, p0\], values 0\.\.6\)",
+                     te.pretty(dX)), te.pretty(dX)
+    H = te.placeholder((A, J), dtype=F64, name="H")
+    (dXh,) = te.gradient(Y, [X], head=H)
+    assert te.cost([X, I, H], [dXh])["iterations"] == A * J + A * (2 * J + 2 * (C + 1))
+
+
+def test_segment_sum_gradient_is_a_gather():
+    """out[s] = Σ_n [S[n] == s] X[n, d]: dX[n, d] = H[S[n], d], one read per element."""
+    N, S, D = 9, 4, 3
+    X = te.placeholder((N, D), dtype=F64, name="X")
+    seg = te.placeholder((N,), dtype="int32", name="seg")
+    n = te.reduce_axis(N, "n")
+    out = te.compute((S, D), lambda s, d: te.sum(te.if_then_else(te.equal(seg[n], s), X[n, d], 0.0), axis=n),
+                     name="out")
+    x, ids = rng.standard_normal((N, D)), np.array([0, 0, 3, 1, 3, 3, 0, 1, 1], "int32")
+    h = rng.standard_normal((S, D))
+    check(out, [X, seg], [x, ids], [h[ids]], wrt=[X], head=h, fwd=add_at((S, D), ids, x))
+    H = te.placeholder((S, D), dtype=F64, name="H")
+    (dX,) = te.gradient(out, [X], head=H)
+    assert "sum" not in te.pretty(dX)
+    assert te.cost([X, seg, H], [dX])["iterations"] == N * D
+
+
+def test_label_reads_in_softmax_cross_entropy():
+    B, C = 5, 7
+    Z = te.placeholder((B, C), dtype=F64, name="Z")
+    L = te.placeholder((B,), dtype="int32", name="L")
+    c = te.reduce_axis(C, "c")
+    m = te.compute((B,), lambda i: te.max(Z[i, c], axis=c), name="m")
+    c2 = te.reduce_axis(C, "c2")
+    lse = te.compute((B,), lambda i: m[i] + te.log(te.sum(te.exp(Z[i, c2] - m[i]), axis=c2)), name="lse")
+    b = te.reduce_axis(B, "b")
+    loss = te.compute((1,), lambda _: te.sum(lse[b] - Z[b, L[b]], axis=b) / B, name="loss")
+    z, labels = rng.standard_normal((B, C)), rng.integers(0, C, B).astype("int32")
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    ref = p.copy()
+    ref[np.arange(B), labels] -= 1
+    check(loss, [Z, L], [z, labels], [ref / B], wrt=[Z], head=np.ones(1))
+
+
+def test_tables_read_with_the_same_ids_share_one_sort():
+    V, D, N = 8, 3, 5
+    E = te.placeholder((V, D), dtype=F64, name="E")
+    F = te.placeholder((V, D), dtype=F64, name="F")
+    I = te.placeholder((N,), dtype="int32", name="I")
+    Y = te.compute((N, D), lambda n, d: E[I[n], d] * F[I[n], d], name="Y")
+    dE, dF = te.gradient(Y, [E, F])
+    f = te.build([E, F, I], [dE, dF])
+    assert f.loop_ir.count("stage I_inv") == 1, f.loop_ir
+    e, fv, ids = rng.standard_normal((V, D)), rng.standard_normal((V, D)), np.array([1, 4, 1, 7, 0], "int32")
+    de, df = f(e, fv, ids)
+    assert_close([de, df], [add_at((V, D), ids, fv[ids]), add_at((V, D), ids, e[ids])])
+
+
+def test_out_of_range_ids_raise_and_return_nothing():
+    E, I, Y = embedding(5, 2, (4,))
+    H = te.placeholder((4, 2), dtype=F64, name="H")
+    (dE,) = te.gradient(Y, [E], head=H)
+    f = te.build([E, I, H], [Y, dE])
+    e, h = rng.standard_normal((5, 2)), rng.standard_normal((4, 2))
+    for bad in (5, -1):
+        with pytest.raises(IndexError, match=r"out of bounds for dimension 0 of tensor 'E'"):
+            f(e, np.array([0, bad, 1, 2], "int32"), h)
+    # the gradient alone skips an id that matches no row, as the sum over n does
+    g = te.build([E, I, H], [dE])
+    ids = np.array([0, 7, 1, 0], "int32")
+    assert_close(g(e, ids, h), add_at((5, 2), ids[[0, 2, 3]], h[[0, 2, 3]]))
+
+
+_THREADS = textwrap.dedent("""
+    import hashlib, sys, numpy as np, te_autodiff as te
+    V, D, N = 3000, 24, 5000
+    E = te.placeholder((V, D), name="E")
+    I = te.placeholder((N,), dtype="int32", name="I")
+    Y = te.compute((N, D), lambda n, d: E[I[n], d], name="Y")
+    H = te.placeholder((N, D), name="H")
+    (dE,) = te.gradient(Y, [E], head=H)
+    f = te.build([E, I, H], [dE])
+    r = np.random.default_rng(0)
+    ids = (r.zipf(1.3, N) % V).astype("int32")       # heavy repeats
+    h = r.standard_normal((N, D)).astype("float32")
+    e = np.zeros((V, D), "float32")
+    first = f(e, ids, h)
+    assert all(np.array_equal(first, f(e, ids, h)) for _ in range(3))
+    sys.stdout.write(hashlib.sha256(first.tobytes()).hexdigest())
+""")
+
+
+def test_bit_identical_for_every_thread_count():
+    outs = []
+    for threads in ("1", "2", "3"):
+        env = dict(os.environ, TE_NUM_THREADS=threads)
+        p = subprocess.run([sys.executable, "-c", _THREADS], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1] == outs[2]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(V=st.integers(1, 9), N=st.integers(1, 12), D=st.integers(1, 3), batch=st.integers(0, 2),
+       shift=st.integers(-3, 3), scale=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_inverse_index_matches_the_naive_sum(V, N, D, batch, shift, scale, seed):
+    """Random keys ``scale·I[.., n] + shift`` (ids in and out of range, repeated)
+    over an optional batch axis: zero elimination with an inverse index equals
+    the literal sum (``optimize=False``) and np.add.at."""
+    r = np.random.default_rng(seed)
+    B = max(batch, 1)
+    X = te.placeholder((B, V, D), dtype=F64, name="X")
+    I = te.placeholder((B, N), dtype="int32", name="I")
+    H = te.placeholder((B, N, D), dtype=F64, name="H")
+    key = (lambda b, n: I[b, n] * scale + shift) if batch else (lambda b, n: I[0, n] * scale + shift)
+    inside = lambda b, n: te.all(key(b, n) >= 0, key(b, n) < V)   # noqa: E731
+    Y = te.compute((B, N, D), lambda b, n, d: te.if_then_else(inside(b, n), X[b if batch else 0, key(b, n), d],
+                                                              0.0), name="Y")
+    (fast,) = te.gradient(Y, [X], head=H)
+    (slow,) = te.gradient(Y, [X], head=H, optimize=False)
+    ids = r.integers(-2, V + 2, (B, N)).astype("int32")
+    h = r.standard_normal((B, N, D))
+    got, want = te.build([X, I, H], [fast, slow])(np.zeros((B, V, D)), ids, h)
+    pos = ids * scale + shift
+    ref = np.zeros((B, V, D))
+    for b in range(B):
+        for n in range(N):
+            if 0 <= pos[b, n] < V:
+                ref[b if batch else 0, pos[b, n]] += h[b, n]
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(want, ref, rtol=1e-12, atol=1e-12)
