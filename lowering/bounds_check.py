@@ -268,6 +268,10 @@ class _Bounder:
             lo, ext = self.scope.doms[atom]
             edge = lo if c * sense < 0 else sub(add(lo, ext), 1)
             best = self.eliminate(rest + linearize(edge).scale(c), sense, depth + 1)
+        if best is None and atom.dom is not None:       # a range read from data: the fixed range
+            first, n = atom.dom
+            best = self.eliminate(rest + Linear({}, c * (first if c * sense < 0 else first + n - 1)), sense,
+                                  depth + 1)
         lo_g, hi_g = self.scope.var_limits(atom)
         edge = hi_g if c * sense > 0 else lo_g
         if edge is not None:

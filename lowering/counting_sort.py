@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import InverseIndex, add, all_, const, floordiv, mod, sub, var
+from te_autodiff.expr import InverseIndex, add, all_, cast, const, floordiv, mod, sub, var
 from te_autodiff.visit import substitute
 
 from .loop_ir import Alloc, Assign, Block, BufLoad, For, If, Stage, Store
@@ -60,6 +60,9 @@ def counting_sort_stage(t, buf, evaluate, local) -> Stage:
     def at(e):
         return add(row, e)
 
+    def put(index, value):
+        return Store(buf, at(index), cast(buf.dtype, value))
+
     def keyed(positions, doms, then, otherwise=None):
         """Statements evaluating the key at ``positions`` (in scope over
         ``doms``) and running ``then(k)`` when ``k = key - lo`` is in range
@@ -71,17 +74,17 @@ def counting_sort_stage(t, buf, evaluate, local) -> Stage:
                         If(test, Block(then(k)), None if otherwise is None else Block(otherwise)))
 
     x = var("x", (0, inv.count + 1))
-    zero = For(x, _index(0), _index(inv.count + 1), Block((Store(buf, at(x), _index(0)),)))
+    zero = For(x, _index(0), _index(inv.count + 1), Block((put(x, _index(0)),)))
 
     pos = [var(p.name, p.dom) for p in inv.axes]
     count = _nest(pos, [ext for _, ext in inv.doms], Block(keyed(
         pos, {p: (_index(0), _index(ext)) for p, (_, ext) in zip(pos, inv.doms)},
-        lambda k: (Store(buf, at(k), add(BufLoad(buf, at(k)), _index(1))),))))
+        lambda k: (put(k, add(BufLoad(buf, at(k)), _index(1))),))))
 
     acc = local("end", dt.INDEX)
     scan = (Alloc(acc, _index(0)),
             For(x, _index(0), _index(inv.count + 1), Block((
-                Assign(acc, add(acc, BufLoad(buf, at(x)))), Store(buf, at(x), acc)))))
+                Assign(acc, add(acc, BufLoad(buf, at(x)))), put(x, acc)))))
 
     q = var("q", (0, size))
     p = sub(_index(size - 1), q)            # last position first
@@ -94,10 +97,10 @@ def counting_sort_stage(t, buf, evaluate, local) -> Stage:
     def place(k):
         slot = local("slot", dt.INDEX)
         return (Alloc(slot, sub(BufLoad(buf, at(k)), _index(1)), let=True),
-                Store(buf, at(k), slot),
-                Store(buf, at(add(slot, _index(inv.count + 1))), p))
+                put(k, slot),
+                put(add(slot, _index(inv.count + 1)), p))
     tail = local("tail", dt.INDEX)
-    aside = (Assign(tail, sub(tail, _index(1))), Store(buf, at(add(tail, _index(inv.count + 1))), p))
+    aside = (Assign(tail, sub(tail, _index(1))), put(add(tail, _index(inv.count + 1)), p))
     scatter = (Alloc(tail, _index(size)),
                For(q, _index(0), _index(size), Block(keyed(unflat, {q: (_index(0), _index(size))}, place, aside))))
 

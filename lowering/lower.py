@@ -82,7 +82,7 @@ from te_autodiff.sharing import normal_form, share
 from te_autodiff.tensor import Tensor
 from te_autodiff.visit import children, rebuild, substitute, topo_order
 
-from .bounds_check import Scope, check_tensor, in_bounds, is_index_only
+from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
 from .counting_sort import counting_sort_stage
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program,
                       Stage, Store, children as loop_children)
@@ -496,8 +496,8 @@ class _Emitter:
         t = e.tensor
         idx = [self.memo[i] for i in e.indices]
         for d, (ix, n) in enumerate(zip(idx, t.shape)):
-            if not is_index_only(e.indices[d]):     # the others are proven at build time
-                self.emit(Check(ix, n, self.ctx.check_code(t, d, n), t.name, d))
+            if not is_index_only(e.indices[d]) and not _within(e.indices[d], n, self.scope):
+                self.emit(Check(ix, n, self.ctx.check_code(t, d, n), t.name, d))   # the others: proven
         if self.ctx.plan.recomputed(t):
             return None, substitute(t.body, dict(zip(t.axes, e.indices)))
         return BufLoad(self.ctx.buffers[t], _linear(idx, t.shape)), None
@@ -559,6 +559,13 @@ class _Emitter:
             body = Block(before + (For(ax, lo, ext, body),))
         self.stmts += body.stmts
         return result
+
+
+def _within(index, n: int, scope) -> bool:
+    """Whether a data-dependent ``index`` is known to lie in ``[0, n)`` (it reads
+    an inverse index, whose values are positions)."""
+    lo, hi = bounds(index, scope)
+    return lo is not None and hi is not None and 0 <= lo and hi < n
 
 
 def _position(axes, doms):

@@ -51,7 +51,8 @@ _TENSORS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 def inverse_index(key, positions, doms, batch, lo: int, count: int) -> Tensor:
     """The inverse-index tensor of ``key`` over ``positions`` (ranges ``doms``,
     pairs of ints) for the values ``lo .. lo + count - 1``, one sort per point
-    of the outer variables ``batch`` (each with a fixed range).
+    of the outer variables ``batch`` (each with a fixed range); int32 unless
+    a row is too long.
 
     Its shape is ``batch extents + (count + 1 + R,)``, ``R`` the number of
     positions; see :class:`~te_autodiff.expr.InverseIndex` for the layout."""
@@ -68,8 +69,9 @@ def inverse_index(key, positions, doms, batch, lo: int, count: int) -> Tensor:
         body = InverseIndex(body_key, tuple(canon), tuple((0, ext) for _, ext in doms), lo, count, at)
         reads = [n.tensor.name for n in topo_order([key]) if isinstance(n, Load)]
         name = f"{reads[0] if reads else 'key'}_inv"
-        t = Tensor(name, tuple(a.dom[1] for a in axes) + (count + 1 + size,), dt.INDEX,
-                   tuple(axes) + (at,), body)
+        # int32 when the positions fit: half the memory traffic, twice the vector lanes
+        dtype = "int32" if count + 1 + size < 2**31 else dt.INDEX
+        t = Tensor(name, tuple(a.dom[1] for a in axes) + (count + 1 + size,), dtype, tuple(axes) + (at,), body)
         _TENSORS[cache_key] = t
     return t
 
@@ -156,10 +158,10 @@ class _Sum:
                 lo, count = v.dom
                 inv = inverse_index(key, positions, doms, batch, lo, count)
                 row = tuple(b - b.dom[0] for b in batch)
-                start, end = inv[row + (v - lo,)], inv[row + (v - lo + 1,)]
+                start, end = cast(dt.INDEX, inv[row + (v - lo,)]), cast(dt.INDEX, inv[row + (v - lo + 1,)])
                 size = math.prod(ext for _, ext in doms)
                 r = var("r", (0, size))
-                at = _unflatten(inv[row + (r + (count + 1),)], doms)
+                at = _unflatten(cast(dt.INDEX, inv[row + (r + (count + 1),)]), doms)
                 log.info("zero elimination inverts the index %s == %s at run time: a counting sort "
                          "of %d position(s) for %d value(s)", v.name, expr_str(key), size, count)
                 self.conds.remove(c)

@@ -6,6 +6,7 @@ the tree it unfolds to.  Variables that share a name get a ``'`` suffix.
 """
 from __future__ import annotations
 
+from . import dtype as dt
 from .expr import BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, Reduce, Select, Unary, Var
 from .visit import children, topo_order
 
@@ -126,6 +127,8 @@ def _worth_naming(e) -> bool:
         return False
     if isinstance(e, Load) and all(isinstance(c, (Const, Var)) for c in e.indices):
         return False
+    if isinstance(e, Cast) and dt.is_int(e.to) and dt.is_int(e.a.dtype):   # widening an index
+        return _worth_naming(e.a)
     return not (isinstance(e, Unary) and e.op == "neg" and isinstance(e.a, (Const, Var)))
 
 

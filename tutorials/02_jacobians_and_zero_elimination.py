@@ -9,6 +9,8 @@ solved at run time instead: an inverse index lists each value's matches.
 
 Run it:  python tutorials/02_jacobians_and_zero_elimination.py
 """
+import time
+
 import numpy as np
 
 import te_autodiff as te
@@ -94,12 +96,18 @@ print(te.pretty(dP))
 # wrt E holds the equality v == I[b, k], which reads tensor data: the integer
 # solver cannot use it, and as written (optimize=False) every table row sums
 # over every id.
+def embedding_bag(V, D, B, L, dtype):
+    """B bags of L ids into a V x D table: the table, the ids, a head for the
+    bags' gradient, and the bags."""
+    E = te.placeholder((V, D), dtype, name="E")
+    I = te.placeholder((B, L), "int32", name="I")
+    k = te.reduce_axis(L, name="k")
+    bag = te.compute((B, D), lambda b, d: te.sum(E[I[b, k], d], axis=k), name="bag")
+    return E, I, te.placeholder((B, D), dtype, name="G"), bag
+
+
 V, D, B, L = 50, 4, 3, 5
-E = te.placeholder((V, D), "float64", name="E")
-I = te.placeholder((B, L), "int32", name="I")
-k = te.reduce_axis(L, name="k")
-bag = te.compute((B, D), lambda b, d: te.sum(E[I[b, k], d], axis=k), name="bag")
-G = te.placeholder((B, D), "float64", name="G")
+E, I, G, bag = embedding_bag(V, D, B, L, "float64")
 slow, = te.gradient(bag, [E], head=G, optimize=False)
 print("\nStep 6: an embedding bag's gradient, as written")
 print(te.pretty(slow))
@@ -123,14 +131,8 @@ print("innermost iterations: as written", te.cost([E, I, G], [slow])["iterations
 
 # Step 7 -- at a language model's size: 2048 ids into a 30000 x 64 table,
 # against numpy's np.add.at (the same sum, element by element).
-import time  # noqa: E402
-
 V, D, B, L = 30000, 64, 256, 8
-E = te.placeholder((V, D), "float32", name="E")
-I = te.placeholder((B, L), "int32", name="I")
-k = te.reduce_axis(L, name="k")
-bag = te.compute((B, D), lambda b, d: te.sum(E[I[b, k], d], axis=k), name="bag")
-G = te.placeholder((B, D), "float32", name="G")
+E, I, G, bag = embedding_bag(V, D, B, L, "float32")
 dE, = te.gradient(bag, [E], head=G)
 kernel = te.build([E, I, G], [bag, dE])
 e = rng.standard_normal((V, D)).astype("float32")
