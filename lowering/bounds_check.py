@@ -26,8 +26,8 @@ from __future__ import annotations
 import functools
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import (BinOp, Cast, Cmp, Const, InverseIndex, Load, Logic, Reduce, Select, Unary,
-                              Var, add, binop, const, sub)
+from te_autodiff.expr import (BinOp, Cast, Cmp, Const, InverseIndex, Load, Logic, MatchSum, Reduce, Select,
+                              Unary, Var, add, binop, const, sub)
 from te_autodiff.inverse_index import value_range
 from te_autodiff.visit import children, topo_order
 
@@ -367,9 +367,14 @@ _SCOPED_CHILDREN = {       # sub-expressions with the scope each is evaluated in
                          else [(e.a, s), (e.b, s.guarded(e.a, e.op == "and"))]),
     Reduce: lambda e, s: ([(x, s) for dom in e.doms for x in dom]
                           + [(e.body, s.with_vars(e.axes, e.doms))]),
-    InverseIndex: lambda e, s: [(e.at, s), (e.key, s.with_vars(
-        e.axes, [(const(lo, dt.INDEX), const(n, dt.INDEX)) for lo, n in e.doms]))],
+    InverseIndex: lambda e, s: [(e.at, s), (e.key, _positions(e, s))],
+    MatchSum: lambda e, s: [(e.at, s), (e.key, _positions(e, s)), (e.value, _positions(e, s))],
 }
+
+
+def _positions(e, scope):
+    """``scope`` with the positions of a keyed node (inverse index, match sum)."""
+    return scope.with_vars(e.axes, [(const(lo, dt.INDEX), const(n, dt.INDEX)) for lo, n in e.doms])
 
 
 def check_tensor(t) -> None:

@@ -96,7 +96,7 @@ def _straight(body) -> bool:
 def _shape(stage: Stage):
     """The :class:`_Shape` of ``stage``, or None when it is not as lowered."""
     loops = _chain(stage.body)
-    if stage.sort is not None or not _from_zero(loops):
+    if stage.fixed or not _from_zero(loops):
         return None
     shape = _Shape(stage, loops, Block(_stmts(loops[-1].body)))
     if _straight(shape.body):
@@ -273,7 +273,7 @@ class _Fuser:
         """Compute the first temporary that qualifies inside its reader (rule 2)."""
         for st in self.stages:
             buf, loops = st.buffer, _chain(st.body)
-            if (st.sort is not None or buf.kind != "temp" or buf in self.results or self.info(st)[2] != {buf}
+            if (st.fixed or buf.kind != "temp" or buf in self.results or self.info(st)[2] != {buf}
                     or not _from_zero(loops)):
                 continue
             readers = [r for r in self.stages if buf in self.info(r)[1]]

@@ -203,13 +203,14 @@ class Check:
 @dataclass(frozen=True, eq=False)
 class Stage:
     """One materialised tensor: a loop nest whose root loop is parallel.
-    ``sort`` is ``(values, positions)`` for the counting sort of an inverse
-    index (``counting_sort.py``): a stage written by hand, which fusion and
-    the schedule leave as it is."""
+    A ``fixed`` stage is written by hand (``key_stages.py``): fusion and the
+    schedule leave it as it is.  ``sort`` is ``(values, positions)`` for the
+    counting sort of an inverse index (``te.cost`` reads it)."""
 
     name: str
     buffer: Buffer
     body: For
+    fixed: bool = False
     sort: tuple | None = None
 
 

@@ -73,7 +73,7 @@ import math
 from collections import ChainMap
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import (BinOp, Cast, Cmp, Const, InverseIndex, Load, Logic, Reduce, Select, Unary, Var, add,
+from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, Select, Unary, Var, add,
                               cast, compare, const, identity_of, logic_and, logic_not, logic_or,
                               maximum, minimum, mul, select, sub, var)
 from te_autodiff.graph import tensors_in_order
@@ -83,7 +83,7 @@ from te_autodiff.tensor import Tensor
 from te_autodiff.visit import children, rebuild, substitute, topo_order
 
 from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
-from .counting_sort import counting_sort_stage
+from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program,
                       Stage, Store, children as loop_children)
 
@@ -186,8 +186,8 @@ def _position_test(t) -> bool:
 
 
 def _has_reduction(t) -> bool:
-    """Whether ``t`` reduces (a reduction or an inverse index: computed once, into a buffer)."""
-    return any(isinstance(x, (Reduce, InverseIndex)) for x in topo_order([t.body]))
+    """Whether ``t`` reduces (a reduction, or a keyed tensor: computed once, into a buffer)."""
+    return is_keyed(t) or any(isinstance(x, Reduce) for x in topo_order([t.body]))
 
 
 def _op_work(n) -> float:
@@ -226,7 +226,7 @@ class Plan:
         computes = [t for t in graph if not t.is_placeholder]
         nodes = {t: topo_order([t.body]) for t in computes}
         size = {t: len(nodes[t]) for t in computes}
-        elementwise = {t for t in computes if not any(isinstance(x, (Reduce, InverseIndex)) for x in nodes[t])}
+        elementwise = {t for t in computes if not is_keyed(t) and not any(isinstance(x, Reduce) for x in nodes[t])}
         # producers first: the work of each elementwise tensor, with the
         # producers that are cheap enough to be inlined added per read
         self.work = {}
@@ -584,8 +584,8 @@ _RULES = {Select: _Emitter.select, Logic: _Emitter.logic, Reduce: _Emitter.reduc
 
 
 def _stage(t, buf, ctx) -> Stage:
-    if isinstance(t.body, InverseIndex):
-        return counting_sort_stage(t, buf, lambda e, doms: _evaluate(ctx, e, doms), ctx.local)
+    if is_keyed(t):
+        return keyed_stage(t, buf, lambda e, doms: _evaluate(ctx, e, doms), ctx.local)
     axes = t.axes if t.ndim else (var("_", (0, 1)),)
     shape = t.shape if t.ndim else (1,)
     scope = Scope.of_axes(axes, shape)

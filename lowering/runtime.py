@@ -26,6 +26,10 @@ kernel and thread, reused by later calls.
 Every element is computed by the same machine code whatever the chunking
 (stage entries are never inlined into their callers), so results are
 bit-identical for any thread count.
+
+A process forked after kernels ran (a multiprocessing or data-loader worker)
+inherits none of the threads: there, kernels split stages over a new Python
+pool and never call libgomp (see ``_after_fork_in_child``).
 """
 from __future__ import annotations
 
@@ -74,6 +78,23 @@ def _initialise():
 
 
 _openmp = False
+_gomp_team = True               # libgomp's thread team can run here (not in a forked child)
+
+
+def _after_fork_in_child():
+    """A forked child (a multiprocessing or data-loader worker) has none of
+    the parent's threads: libgomp would wait forever for its team, the
+    Python pool for its workers, and a lock held by another thread at the
+    fork would never be released.  The child starts with a free lock and no
+    pool; its kernels, those built before the fork included, split stages
+    over a new Python pool and never call libgomp."""
+    global _lock, _pool, _openmp, _gomp_team
+    _lock = threading.Lock()
+    _pool = None
+    _openmp = _gomp_team = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 GOMP_SPINCOUNT = "10000"        # libgomp's idle spin before a thread sleeps (its default: 300000)
@@ -419,7 +440,7 @@ class _Runner:
         for k, shape, dtype in self.outputs:
             arrays_by_slot[k], table[k] = _aligned(shape, dtype, self.align)
         threads = num_threads()
-        if self.compiled.openmp:                # the whole kernel in one native call
+        if self.compiled.openmp and _gomp_team:         # the whole kernel in one native call
             err = (ctypes.c_int64 * (2 * threads))()
             self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads))
             for t in range(threads):
@@ -429,7 +450,7 @@ class _Runner:
         err = (ctypes.c_int64 * 2)()
         for step in self.steps(threads):
             if isinstance(step[0], int):
-                self.compiled.run_stages(table, step[0], step[1], err, 1, None)
+                self.compiled.run_stages(table, step[0], step[1], err, 1, self.split_flags(1))
                 if err[0]:
                     _raise_check(self.program, err[0], err[1])
             else:

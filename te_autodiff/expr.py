@@ -263,13 +263,36 @@ class InverseIndex(Expr):
     positions (row-major over ``axes``, from 0) grouped by value, in
     increasing order within a value, then those of keys out of range.  Built
     by ``inverse_index.py``, computed by a counting sort
-    (``lowering/counting_sort.py``)."""
+    (``lowering/key_stages.py``)."""
 
     __slots__ = ("key", "axes", "doms", "lo", "count", "at")
     fields = ("key", "axes", "doms", "lo", "count", "at")
 
     def _init(self):
         object.__setattr__(self, "dtype", dt.INDEX)
+
+
+class MatchSum(Expr):
+    """Element ``at`` of a sum over the positions whose key takes each value:
+    ``value`` summed over the positions ``axes`` (ranges ``doms``, pairs of
+    ints) where ``key == lo + at``, in increasing (row-major) position order,
+    for ``at`` in ``0 .. count - 1``.  The adjoint of a read whose index comes
+    from data when each batch row of keys owns a whole row of the result
+    (torch.gather's); built by ``inverse_index.py``, computed by a scatter
+    (``lowering/key_stages.py``)."""
+
+    __slots__ = ("value", "key", "axes", "doms", "lo", "count", "at")
+    fields = ("value", "key", "axes", "doms", "lo", "count", "at")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.value.dtype)
+
+    def as_reduce(self) -> "Expr":
+        """The same sum, written as a reduction with a condition (what the
+        derivative rules read)."""
+        hit = compare("eq", self.key, self.at + self.lo)
+        doms = tuple((const(lo, dt.INDEX), const(n, dt.INDEX)) for lo, n in self.doms)
+        return reduce("sum", select(hit, self.value, const(0, self.dtype)), self.axes, doms)
 
 
 REDUCE_OPS = ("sum", "prod", "max", "min")

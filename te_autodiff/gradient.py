@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import dtype as dt
 from .derivative import differentiable, load_adjoints, reduction_seed
-from .expr import Const, Load, Reduce, Var, add, cast, const
+from .expr import Const, Load, MatchSum, Reduce, Var, add, cast, const
 from .graph import tensors_in_order
 from .lift import lifted
 from .tensor import Tensor, compute
@@ -56,6 +56,8 @@ def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
     ``t``'s axes are bound to the variables ``at`` (a Jacobian row).
     """
     lt = lifted(t)
+    if isinstance(lt.body, MatchSum):       # a sum over matches: a reduction with a condition
+        lt = Tensor(lt.name, lt.shape, lt.dtype, lt.axes, lt.body.as_reduce())
     body, seed, red_axes, red_doms = lt.body, const(1, t.dtype), (), ()
     if isinstance(body, Reduce):
         seed, red_axes, red_doms = reduction_seed(lt), body.axes, body.doms

@@ -23,6 +23,13 @@ outer *batch* variables, with one sort per batch row.  torch.gather's
 adjoint is such a case: ``dX[a, c] = Σ_j H[a, j]·[I[a, j] == c]``.  Equal
 keys give one tensor, so every gradient that needs it shares one sort.
 
+When the sum runs over the key's positions alone and each batch row of keys
+owns a whole row of the result (``dX[a, c]`` above, ``take``), the inverse
+index is not needed either: a :class:`~te_autodiff.expr.MatchSum` zeroes the
+row and adds each position's value at its key, in position order.  That is
+the same additions in the same order, without the sort or a pass over the
+values.
+
 A data-dependent equality on a *summation* variable needs no sort.  In
 ``Σ_s H[s]·[S[n] == s]`` (a segment sum's adjoint) ``s`` takes the one value
 ``S[n]``, under the guard that ``S[n]`` lies in the range of ``s``.
@@ -37,7 +44,7 @@ import math
 import weakref
 
 from . import dtype as dt
-from .expr import Cmp, Const, InverseIndex, Load, Var, all_, cast, const, floordiv, mod, var
+from .expr import Cmp, Const, InverseIndex, Load, MatchSum, Var, all_, cast, const, floordiv, mod, select, var
 from .pretty import expr_str
 from .sharing import canonical_var
 from .tensor import Tensor
@@ -48,6 +55,29 @@ log = logging.getLogger("te_autodiff.zero_elim")
 _TENSORS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 
+def _canonical(positions, doms, batch):
+    """Canonical batch axes and position variables for a keyed tensor, and
+    the renaming of ``batch`` and ``positions`` to them (equal keys give equal
+    nodes, so their tensors are found in the cache)."""
+    axes = [canonical_var("b", n, (0, b.dom[1])) for n, b in enumerate(batch)]
+    rename = {b: a + b.dom[0] for a, b in zip(axes, batch)}
+    canon = [canonical_var("p", n, (0, ext)) for n, (_, ext) in enumerate(doms)]
+    rename.update({p: c + first for p, c, (first, _) in zip(positions, canon, doms)})
+    return axes, tuple(canon), rename
+
+
+def _first_read(e, default: str) -> str:
+    reads = [n.tensor.name for n in topo_order([e]) if isinstance(n, Load)]
+    return reads[0] if reads else default
+
+
+def _keyed(cache_key, make):
+    t = _TENSORS.get(cache_key)
+    if t is None:
+        t = _TENSORS[cache_key] = make()
+    return t
+
+
 def inverse_index(key, positions, doms, batch, lo: int, count: int) -> Tensor:
     """The inverse-index tensor of ``key`` over ``positions`` (ranges ``doms``,
     pairs of ints) for the values ``lo .. lo + count - 1``, one sort per point
@@ -56,24 +86,34 @@ def inverse_index(key, positions, doms, batch, lo: int, count: int) -> Tensor:
 
     Its shape is ``batch extents + (count + 1 + R,)``, ``R`` the number of
     positions; see :class:`~te_autodiff.expr.InverseIndex` for the layout."""
-    axes = [canonical_var("b", n, (0, b.dom[1])) for n, b in enumerate(batch)]
-    rename = {b: a + b.dom[0] for a, b in zip(axes, batch)}
-    canon = [canonical_var("p", n, (0, ext)) for n, (_, ext) in enumerate(doms)]
-    rename.update({p: c + first for p, c, (first, _) in zip(positions, canon, doms)})
+    axes, canon, rename = _canonical(positions, doms, batch)
     size = math.prod(ext for _, ext in doms)
     body_key = cast(dt.INDEX, substitute(key, rename))
-    cache_key = (body_key, tuple(doms), tuple(a.dom for a in axes), lo, count)
-    t = _TENSORS.get(cache_key)
-    if t is None:
+    zeroed = tuple((0, ext) for _, ext in doms)
+
+    def make():
         at = canonical_var("x", len(axes), (0, count + 1 + size))
-        body = InverseIndex(body_key, tuple(canon), tuple((0, ext) for _, ext in doms), lo, count, at)
-        reads = [n.tensor.name for n in topo_order([key]) if isinstance(n, Load)]
-        name = f"{reads[0] if reads else 'key'}_inv"
         # int32 when the positions fit: half the memory traffic, twice the vector lanes
         dtype = "int32" if count + 1 + size < 2**31 else dt.INDEX
-        t = Tensor(name, tuple(a.dom[1] for a in axes) + (count + 1 + size,), dtype, tuple(axes) + (at,), body)
-        _TENSORS[cache_key] = t
-    return t
+        return Tensor(f"{_first_read(key, 'key')}_inv", tuple(a.dom[1] for a in axes) + (count + 1 + size,),
+                      dtype, tuple(axes) + (at,), InverseIndex(body_key, canon, zeroed, lo, count, at))
+    return _keyed(("inverse", body_key, tuple(doms), tuple(a.dom for a in axes), lo, count), make)
+
+
+def match_sum(value, key, positions, doms, batch, lo: int, count: int) -> Tensor:
+    """The tensor of sums of ``value`` over the positions whose ``key`` takes
+    each value ``lo .. lo + count - 1``, one row per point of ``batch``:
+    shape ``batch extents + (count,)`` (see :class:`~te_autodiff.expr.MatchSum`)."""
+    axes, canon, rename = _canonical(positions, doms, batch)
+    body_key, body_value = cast(dt.INDEX, substitute(key, rename)), substitute(value, rename)
+    zeroed = tuple((0, ext) for _, ext in doms)
+
+    def make():
+        at = canonical_var("x", len(axes), (0, count))
+        name = f"{_first_read(value, 'sum')}_by_{_first_read(key, 'key')}"
+        return Tensor(name, tuple(a.dom[1] for a in axes) + (count,), body_value.dtype, tuple(axes) + (at,),
+                      MatchSum(body_value, body_key, canon, zeroed, lo, count, at))
+    return _keyed(("sum", body_value, body_key, tuple(doms), tuple(a.dom for a in axes), lo, count), make)
 
 
 def value_range(load: Load, last_index_range) -> tuple | None:
@@ -156,18 +196,39 @@ class _Sum:
                     continue
                 doms = [(d[0].value, d[1].value) for d in doms]
                 lo, count = v.dom
-                inv = inverse_index(key, positions, doms, batch, lo, count)
                 row = tuple(b - b.dom[0] for b in batch)
+                self.conds.remove(c)
+                if self.scatter(v, key, positions, doms, batch, row):
+                    return True
+                inv = inverse_index(key, positions, doms, batch, lo, count)
                 start, end = cast(dt.INDEX, inv[row + (v - lo,)]), cast(dt.INDEX, inv[row + (v - lo + 1,)])
                 size = math.prod(ext for _, ext in doms)
                 r = var("r", (0, size))
                 at = _unflatten(cast(dt.INDEX, inv[row + (r + (count + 1),)]), doms)
                 log.info("zero elimination inverts the index %s == %s at run time: a counting sort "
                          "of %d position(s) for %d value(s)", v.name, expr_str(key), size, count)
-                self.conds.remove(c)
                 self.replace(dict(zip(positions, at)), set(positions), [r], [(start, end - start)])
                 return True
         return False
+
+
+    def scatter(self, v, key, positions, doms, batch, row) -> bool:
+        """When the sum runs over the key's positions alone and depends on no
+        outer variable but ``v`` and the batch (each batch row owns a whole
+        row of the result), it is one element of a :func:`match_sum` tensor:
+        no sort, each row's positions added in order at their keys."""
+        inner = [c for c in self.conds if free_vars(c) & set(self.axes)]
+        value = select(all_(*inner), self.body, const(0, self.body.dtype)) if inner else self.body
+        owners = (free_vars(value) | free_vars(key)) - set(self.axes)
+        if len(positions) != len(self.axes) or v in free_vars(value) or not owners - {v} <= set(batch):
+            return False
+        lo, count = v.dom
+        log.info("zero elimination sums %s over the positions where %s == %s, row by row",
+                 expr_str(self.body), expr_str(key), v.name)
+        self.body = match_sum(value, key, positions, doms, batch, lo, count)[row + (v - lo,)]
+        self.axes, self.doms = [], []
+        self.conds = [c for c in self.conds if c not in inner]
+        return True
 
 
 def solve_data_equalities(axes, doms, body, conds):

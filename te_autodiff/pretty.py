@@ -7,7 +7,7 @@ the tree it unfolds to.  Variables that share a name get a ``'`` suffix.
 from __future__ import annotations
 
 from . import dtype as dt
-from .expr import BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, Reduce, Select, Unary, Var
+from .expr import BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, MatchSum, Reduce, Select, Unary, Var
 from .visit import children, topo_order
 
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
@@ -29,7 +29,7 @@ class _Printer:
         self.shared = set()
         if share:
             # a node that mentions a reduction's own axis must stay inside it
-            bound = {ax for n in order if isinstance(n, (Reduce, InverseIndex)) for ax in n.axes}
+            bound = {ax for n in order if isinstance(n, (Reduce, InverseIndex, MatchSum)) for ax in n.axes}
             local = {}
             for n in order:
                 local[n] = (n in bound) or any(local[c] for c in children(n))
@@ -101,6 +101,10 @@ class _Printer:
                     hi = self.expr(lo + ext)
                 ranges.append(f"{self.var(ax)} in {self.expr(lo)}..{hi}")
             return f"{e.op}[{', '.join(ranges)}]({self.expr(e.body)})", 3
+        if isinstance(e, MatchSum):
+            ranges = ", ".join(f"{self.var(ax)} in {lo}..{lo + n}" for ax, (lo, n) in zip(e.axes, e.doms))
+            value = self.expr(e.at + e.lo)
+            return f"sum[{ranges} where {self.expr(e.key, 1)} == {value}]({self.expr(e.value)})", 3
         if isinstance(e, InverseIndex):
             ranges = ", ".join(f"{self.var(ax)} in {lo}..{lo + n}" for ax, (lo, n) in zip(e.axes, e.doms))
             return (f"inverse_index[{ranges}]({self.expr(e.key)}, values {e.lo}..{e.lo + e.count})"

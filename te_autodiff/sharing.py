@@ -57,6 +57,13 @@ def normal_form(t: Tensor) -> Tensor:
         return t
 
 
+def _copies(body, t) -> bool:
+    """Whether ``body`` reads, at ``t``'s own position, a tensor of ``t``'s
+    shape and dtype (``t`` is a copy of it)."""
+    return (isinstance(body, Load) and body.indices == tuple(t.axes) and body.tensor.shape == t.shape
+            and body.tensor.dtype == t.dtype)
+
+
 def share(outputs, form=normal_form) -> dict:
     """``{tensor: representative}`` for every tensor below ``outputs``: each
     compute tensor is replaced by its normal form ``form(t)`` (by default the
@@ -73,6 +80,9 @@ def share(outputs, form=normal_form) -> dict:
         body = rewrite([lt.body], lambda node, new: Load(rep[new.tensor], new.indices)
                        if isinstance(new, Load) and rep.get(new.tensor, new.tensor) is not new.tensor
                        else None)[0]
+        if _copies(body, lt):               # t[i] = p[i]: p itself
+            rep[t] = body.tensor
+            continue
         key = (lt.shape, lt.dtype, canonical_body(Tensor(t.name, lt.shape, lt.dtype, lt.axes, body)))
         if key in by_key:
             rep[t] = by_key[key]

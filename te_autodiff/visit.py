@@ -7,7 +7,7 @@ DAG bottom-up with a memo table keyed on node identity.
 """
 from __future__ import annotations
 
-from .expr import (BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, Reduce, Select, Unary, Var,
+from .expr import (BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, MatchSum, Reduce, Select, Unary, Var,
                    binop, cast, compare, logic_and, logic_not, logic_or, reduce, select, unary)
 
 
@@ -27,6 +27,8 @@ def children(e: Expr) -> tuple:
         return tuple(x for dom in e.doms for x in dom) + (e.body,)
     if isinstance(e, InverseIndex):
         return (e.key, e.at)
+    if isinstance(e, MatchSum):
+        return (e.value, e.key, e.at)
     return ()
 
 
@@ -52,6 +54,7 @@ _REBUILD = {
     Load: lambda e, k: Load(e.tensor, tuple(k)),
     Reduce: _reduce,
     InverseIndex: lambda e, k: InverseIndex(k[0], e.axes, e.doms, e.lo, e.count, k[1]),
+    MatchSum: lambda e, k: MatchSum(k[0], k[1], e.axes, e.doms, e.lo, e.count, k[2]),
 }
 
 
@@ -113,7 +116,7 @@ def free_vars(e: Expr) -> set:
     for node in topo_order([e]):
         if isinstance(node, Var):
             used.add(node)
-        elif isinstance(node, (Reduce, InverseIndex)):
+        elif isinstance(node, (Reduce, InverseIndex, MatchSum)):
             bound.update(node.axes)
     return used - bound
 

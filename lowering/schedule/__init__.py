@@ -103,7 +103,7 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    than ``MIN_ROOT`` iterations an output tile loop with more is moved out.
 
 A stage that already holds a ``Simd`` loop is left alone, so the pass is
-idempotent; so is a counting sort (``Stage.sort``), written by hand.
+idempotent; so is a ``fixed`` stage, written by hand (``key_stages.py``).
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def _vectorise(nest: Nest, stage: Stage, taken: set, new_stages: list, new_buffe
 def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) -> list:
     """The scheduled form of one stage: a list of stages (packing copies first).
     ``taken`` holds the buffer names in use; new temporaries join ``new_buffers``."""
-    nest = None if stage.sort is not None else as_nest(stage)
+    nest = None if stage.fixed else as_nest(stage)
     if nest is None or any(isinstance(s, Simd) for s in walk(stage.body)):
         return [stage]                   # written by hand, not as lowered, or scheduled already
     split = split_reduction(nest, stage, taken, new_buffers, bl)               # 1

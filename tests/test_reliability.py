@@ -1,0 +1,108 @@
+"""Kernels in the processes and threads users run them in: a process forked
+after kernels ran (multiprocessing, data-loader workers), a spawned one, and
+several Python threads calling and building kernels at once.  Each process
+test runs in a child with a timeout, so a hang fails instead of stalling."""
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import te_autodiff as te
+
+_WORKERS = textwrap.dedent("""
+    import multiprocessing as mp, sys
+    import numpy as np
+    import te_autodiff as te
+
+    def program(n):
+        X = te.placeholder((n, 256), name="X")
+        k = te.reduce_axis(256, "k")
+        Y = te.compute((n, 256), lambda i, j: te.exp(X[i, j]) * 2.0 + te.sum(X[i, k], axis=k), name="Y")
+        return te.build([X], [Y])
+
+    def ref(x):
+        return np.exp(x.astype("f8")) * 2 + x.astype("f8").sum(1, keepdims=True)
+
+    f = program(4096)               # large enough that its stages run on every thread
+    x = np.random.default_rng(0).random((4096, 256)).astype("f4")
+    before = f(x)
+
+    def work(n):
+        g = program(100 + n)        # built in the worker
+        y = x[:100 + n]
+        new = float(np.abs(g(y) - ref(y)).max() / np.abs(ref(y)).max())
+        return bool(np.array_equal(f(x), before)), new     # and one built before the fork
+
+    if __name__ == "__main__":
+        with mp.get_context(sys.argv[1]).Pool(2) as pool:
+            results = pool.map(work, range(4), chunksize=1)
+        assert all(same for same, _ in results), results
+        assert all(err < 1e-5 for _, err in results), results
+        assert np.array_equal(f(x), before)                 # the parent is unaffected
+        print("ok", results)
+""")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_kernels_in_worker_processes(method, tmp_path):
+    """Workers run the parent's kernels and build their own; with ``fork``
+    they start after the parent's threads ran (libgomp's team would hang)."""
+    script = tmp_path / "workers.py"
+    script.write_text(_WORKERS)
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr[-3000:]
+
+
+def _program(n):
+    X = te.placeholder((n, 64), dtype="float64", name="X")
+    k = te.reduce_axis(64, "k")
+    Y = te.compute((n, 64), lambda i, j: te.tanh(X[i, j]) * te.sum(X[i, k] * X[i, k], axis=k), name="Y")
+    (dX,) = te.gradient(Y, [X])
+    return X, Y, dX
+
+
+def test_threads_calling_one_kernel():
+    X, Y, dX = _program(2048)
+    f = te.build([X], [Y, dX])
+    x = np.random.default_rng(1).standard_normal((2048, 64))
+    want = f(x)
+    got, errors = [], []
+
+    def call():
+        try:
+            for _ in range(50):
+                got.append(f(x))
+        except Exception as e:          # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(got) == 200
+    assert all(np.array_equal(a, want[0]) and np.array_equal(b, want[1]) for a, b in got)
+
+
+def test_threads_building_kernels():
+    results, errors = {}, []
+
+    def build(n):
+        try:
+            X, Y, dX = _program(n)
+            x = np.random.default_rng(n).standard_normal((n, 64))
+            y, dx = te.build([X], [Y, dX])(x)
+            s = (x * x).sum(1, keepdims=True)
+            results[n] = (np.abs(y - np.tanh(x) * s).max(),
+                          np.abs(dx - ((1 - np.tanh(x) ** 2) * s + 2 * x * np.tanh(x).sum(1, keepdims=True))).max())
+        except Exception as e:          # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=build, args=(n,)) for n in (33, 34, 35, 36)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and len(results) == 4
+    assert all(a < 1e-9 and b < 1e-9 for a, b in results.values()), results
