@@ -328,7 +328,8 @@ class _FunctionEmitter:
         add_vector_attributes(self.fn, target)
         for arg, buf in zip(self.fn.args, self.buffers):
             arg.add_attribute("noalias")
-            arg.attributes.dereferenceable = buf.nbytes
+            if buf.nbytes:
+                arg.attributes.dereferenceable = buf.nbytes
             if buf.kind != "input":
                 arg.attributes.align = target.alignment
         self.ptr = dict(zip(self.buffers, self.fn.args))

@@ -668,7 +668,7 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     plan = Plan(graph, results, store_set, recompute_set, parts)
     buffers = _buffers(inputs, plan.stored, results)
     ctx = _Context(buffers, plan, {})
-    stages = tuple(_stage(t, buffers[t], ctx) for t in plan.stored)
+    stages = tuple(_stage(t, buffers[t], ctx) for t in plan.stored if math.prod(t.shape))   # empty: nothing to do
     checks = tuple(key for key, _ in sorted(ctx.checks.items(), key=lambda kv: kv[1]))
     program = Program(name or outputs[0].name, tuple(buffers.values()), stages,
                       tuple(buffers[t] for t in results), checks)

@@ -22,6 +22,7 @@ from .tensor import Tensor
 from .visit import children, free_vars, rebuild, substitute
 
 _LIFTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_SELF = object()                # the value of a tensor that is its own normal form
 _PARTS: "weakref.WeakSet" = weakref.WeakSet()
 
 
@@ -37,8 +38,10 @@ def lifted(t: Tensor) -> Tensor:
     out = _LIFTED.get(t)
     if out is None:
         out = _Lifter(t).run()
-        _LIFTED[t] = out
-    return out
+        # a tensor already in normal form is not stored as its own value: the
+        # table would keep every tensor alive through its entry
+        _LIFTED[t] = _SELF if out is t else out
+    return t if out is _SELF else out
 
 
 class _Lifter:

@@ -93,8 +93,8 @@ def _shape(shape, who: str) -> tuple:
     for s in shape:
         if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
             raise TypeError(f"{who}: shape entries must be ints, got {s!r} in {shape}")
-        if s <= 0:
-            raise ValueError(f"{who}: shape entries must be positive, got {shape}")
+        if s < 0:
+            raise ValueError(f"{who}: shape entries must be non-negative, got {shape}")
     return tuple(int(s) for s in shape)
 
 
@@ -180,8 +180,8 @@ def reduce_axis(dom, name="k") -> Var:
             lo, hi = (int(v) for v in dom)
         except (TypeError, ValueError):
             raise TypeError(f"te.reduce_axis '{name}': dom must be an int or (begin, end), got {dom!r}") from None
-    if hi <= lo:
-        raise ValueError(f"te.reduce_axis '{name}': empty range [{lo}, {hi})")
+    if hi < lo:
+        raise ValueError(f"te.reduce_axis '{name}': range [{lo}, {hi}) ends before it begins")
     return var(name, (lo, hi - lo))
 
 

@@ -106,3 +106,17 @@ def test_threads_building_kernels():
         t.join(timeout=300)
     assert not errors and len(results) == 4
     assert all(a < 1e-9 and b < 1e-9 for a, b in results.values()), results
+
+
+def test_tensors_and_kernels_are_freed_when_dropped():
+    """Nothing te-autodiff keeps (lifted forms, shared tensors, the compile
+    cache) holds a user's tensors or kernels alive."""
+    import gc
+    import weakref
+    X, Y, dX = _program(40)
+    f = te.build([X], [Y, dX])
+    f(np.ones((40, 64)))
+    refs = [weakref.ref(x) for x in (X, Y, dX, f)]
+    del X, Y, dX, f
+    gc.collect()
+    assert all(r() is None for r in refs)
