@@ -308,7 +308,6 @@ class _Bounder:
             return None, None
         return min(a[0], b[0]), max(a[1], b[1])
 
-
     def load_range(self, e, depth):
         """What an inverse index holds (positions and starts); other tensor data is unbounded."""
         if not isinstance(e.tensor.body, InverseIndex):

@@ -339,7 +339,7 @@ class _FunctionEmitter:
         self.alloca = ir.IRBuilder(entry)
         self.b = ir.IRBuilder(body)
         self.scopes = [{}]          # memo: loop IR expression -> value, per block
-        self.uses_local = {}
+        self.varies = {}           # node -> reads a local or a buffer this stage writes (may change)
         self.locals = {}
         self.local_type = {}
         self.access_group = None
@@ -508,10 +508,10 @@ class _FunctionEmitter:
                     and any(isinstance(v.type, ir.VectorType) for v in vals)):
                 vals = [self.splat(v) for v in vals]
             value = _EXPR[type(node)](self, node, vals)
-            uses_local = (isinstance(node, Local) or any(self.uses_local.get(k, False) for k in kids)
+            varies = (isinstance(node, Local) or any(self.varies.get(k, False) for k in kids)
                           or isinstance(node, (BufLoad, GuardedLoad)) and node.buffer in self.written)
-            self.uses_local[node] = uses_local
-            (local_memo if uses_local else self.scopes[-1])[node] = value
+            self.varies[node] = varies
+            (local_memo if varies else self.scopes[-1])[node] = value
         return self._lookup(e, local_memo)
 
     def block(self, stmt, bindings=None):

@@ -180,9 +180,10 @@ class _Sum:
         return False
 
     def invert(self) -> bool:
-        """Sum ``v == key(positions)`` over the matches of ``v`` only (an
-        inverse index), ``v`` an outer variable with a fixed range and the
-        positions summed over constant ranges."""
+        """Sum ``v == key(positions)`` over the matches of ``v`` only, ``v``
+        an outer variable with a fixed range and the positions summed over
+        constant ranges: as one element of a match sum when :meth:`scatter`
+        applies, else through an inverse index."""
         for c in self.conds:
             for v, key in _sides(c):
                 if not isinstance(v, Var) or v in self.axes or v.dom is None:
@@ -210,7 +211,6 @@ class _Sum:
                 self.replace(dict(zip(positions, at)), set(positions), [r], [(start, end - start)])
                 return True
         return False
-
 
     def scatter(self, v, key, positions, doms, batch, row) -> bool:
         """When the sum runs over the key's positions alone and depends on no
