@@ -253,3 +253,38 @@ def test_inverse_index_matches_the_naive_sum(V, N, D, batch, shift, scale, seed)
                 ref[b if batch else 0, pos[b, n]] += h[b, n]
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(want, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_second_order_through_both_forms():
+    """Differentiating the gradient again, with respect to the head and the
+    table, through an inverse index (embedding) and a match sum (gather)."""
+    V, D, N = 6, 2, 5
+    E = te.placeholder((V, D), dtype=F64, name="E")
+    I = te.placeholder((N,), dtype="int32", name="I")
+    H = te.placeholder((N, D), dtype=F64, name="H")
+    K = te.placeholder((V, D), dtype=F64, name="K")
+    Y = te.compute((N, D), lambda n, d: E[I[n], d] ** 2, name="Y")
+    (dE,) = te.gradient(Y, [E], head=H)
+    dH, dE2 = te.gradient(dE, [H, E], head=K)
+    e, ids, h, k = (rng.standard_normal((V, D)), np.array([1, 3, 1, 5, 0], "int32"),
+                    rng.standard_normal((N, D)), rng.standard_normal((V, D)))
+    dh, de2 = te.build([E, I, H, K], [dH, dE2])(e, ids, h, k)
+    assert_close([dh, de2], [2 * e[ids] * k[ids], add_at((V, D), ids, 2 * k[ids] * h)])
+
+    A, C, J = 3, 5, 4
+    X = te.placeholder((A, C), dtype=F64, name="X")
+    G = te.placeholder((A, J), dtype="int32", name="G")
+    HX = te.placeholder((A, J), dtype=F64, name="HX")
+    KX = te.placeholder((A, C), dtype=F64, name="KX")
+    Z = te.compute((A, J), lambda i, j: X[i, G[i, j]] ** 2, name="Z")
+    (dX,) = te.gradient(Z, [X], head=HX)
+    assert " where " in te.pretty(dX)                       # a match sum
+    dHX, dX2 = te.gradient(dX, [HX, X], head=KX)
+    x, g, hx, kx = (rng.standard_normal((A, C)), rng.integers(0, C, (A, J)).astype("int32"),
+                    rng.standard_normal((A, J)), rng.standard_normal((A, C)))
+    dhx, dx2 = te.build([X, G, HX, KX], [dHX, dX2])(x, g, hx, kx)
+    picked, kpicked = np.take_along_axis(x, g, 1), np.take_along_axis(kx, g, 1)
+    want = np.zeros((A, C))
+    for a in range(A):
+        np.add.at(want[a], g[a], 2 * kpicked[a] * hx[a])
+    assert_close([dhx, dx2], [2 * picked * kpicked, want])
