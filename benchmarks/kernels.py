@@ -1,4 +1,4 @@
-"""The twelve benchmark kernels, each defined once as data.
+"""The fourteen benchmark kernels, each defined once as data.
 
 Every kernel computes a scalar loss and its gradients with respect to the
 inputs named in ``wrt``.  A kernel with an output tensor (``head=True``) uses
@@ -519,5 +519,156 @@ GATHER = Kernel(
     bytes=4 * (3 * GA * GJ + GA * GC), limit="bandwidth", int_inputs=("I",))
 
 
+# ---------------------------------------------------------------- 13. Elman RNN, 14. LSTM (te.scan)
+#
+# h_0 = 0 (and c_0 = 0); T steps over the sequence X; loss Σ h_T·H.  te
+# writes the recurrence with te.scan (its state holds h_0 ... h_T, step t
+# reads X[t - 1]) and differentiates it as a reverse scan; JAX with lax.scan;
+# numpy's backward is backpropagation through time by hand.
+
+RT, RB, RH, RI = 16, 32, 128, 64
+
+
+def _rnn_np(X, W, U, H):
+    hs = [np.zeros((X.shape[1], W.shape[0]), X.dtype)]
+    for x in X:
+        hs.append(np.tanh(hs[-1] @ W.T + x @ U.T))
+    dX, dW, dU, dh = np.zeros_like(X), np.zeros_like(W), np.zeros_like(U), H
+    for t in range(len(X), 0, -1):
+        da = dh * (1 - hs[t] ** 2)
+        dW += da.T @ hs[t - 1]
+        dU += da.T @ X[t - 1]
+        dX[t - 1] = da @ U
+        dh = da @ W
+    return np.vdot(hs[-1], H), [dX, dW, dU], hs[-1]
+
+
+def _rnn_te(te, P):
+    X, W, U = P["X"], P["W"], P["U"]
+    (T, B, I), Hd = X.shape, W.shape[0]
+    S = te.placeholder((T + 1, B, Hd), X.dtype, "S")
+    j, q = te.reduce_axis(Hd, "j"), te.reduce_axis(I, "q")
+    h0 = te.compute((1, B, Hd), lambda _, b, i: te.const(0.0, X.dtype), name="h0")
+    h = te.compute((T + 1, B, Hd), lambda t, b, i: te.tanh(te.sum(S[t - 1, b, j] * W[i, j], axis=j)
+                                                           + te.sum(X[t - 1, b, q] * U[i, q], axis=q)), name="h")
+    hs = te.scan(h0, h, S, inputs=[X], name="hs")
+    return te.compute((B, Hd), lambda b, i: hs[T, b, i], name="hT")
+
+
+def _rnn_jax(m):
+    def loss(X, W, U, H):
+        def step(h, x):
+            return m.np.tanh(h @ W.T + x @ U.T), None
+        h, _ = m.lax.scan(step, m.np.zeros((X.shape[1], W.shape[0]), X.dtype), X)
+        return m.np.sum(h * H)
+    return loss
+
+
+def _rnn_torch(m):
+    def loss(X, W, U, H):
+        h = m.np.zeros((X.shape[1], W.shape[0]), dtype=X.dtype)
+        for x in X:
+            h = m.np.tanh(h @ W.T + x @ U.T)
+        return (h * H).sum()
+    return loss
+
+
+def rnn_kernel(T: int = RT) -> Kernel:
+    """Kernel 13 over ``T`` steps (``python -m benchmarks.scan_steps`` varies it)."""
+    return Kernel(
+        13, "rnn", f"Elman RNN h_t = tanh(h_(t-1)Wᵀ + x_tUᵀ), T {T}, batch {RB}, hidden {RH}, input {RI}",
+        dict(X=(T, RB, RI), W=(RH, RH), U=(RH, RI), H=(RB, RH)), ("X", "W", "U"),
+        make=lambda r: dict(X=_normal(r, (T, RB, RI)), W=_normal(r, (RH, RH), RH ** -0.5),
+                            U=_normal(r, (RH, RI), RI ** -0.5), H=_normal(r, (RB, RH))),
+        numpy=_rnn_np, te=_rnn_te, jax=_rnn_jax, torch=_rnn_torch,
+        flops=3 * 2 * T * RB * RH * (RH + RI), limit="sgemm")
+
+
+def _sig(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def _lstm_np(X, W, R, H):
+    Hd = R.shape[1]
+    zeros = np.zeros((X.shape[1], Hd), X.dtype)
+    hs, cs, gates = [zeros], [zeros], []
+    for x in X:
+        g = x @ W.T + hs[-1] @ R.T
+        i, f, gg, o = _sig(g[:, :Hd]), _sig(g[:, Hd:2 * Hd]), np.tanh(g[:, 2 * Hd:3 * Hd]), _sig(g[:, 3 * Hd:])
+        gates.append((i, f, gg, o))
+        cs.append(f * cs[-1] + i * gg)
+        hs.append(o * np.tanh(cs[-1]))
+    dX, dW, dR = np.zeros_like(X), np.zeros_like(W), np.zeros_like(R)
+    dh, dc = H, np.zeros_like(zeros)
+    for t in range(len(X), 0, -1):
+        i, f, gg, o = gates[t - 1]
+        tc = np.tanh(cs[t])
+        dc = dc + dh * o * (1 - tc ** 2)
+        dg = np.concatenate([dc * gg * i * (1 - i), dc * cs[t - 1] * f * (1 - f),
+                             dc * i * (1 - gg ** 2), dh * tc * o * (1 - o)], axis=1)
+        dW += dg.T @ X[t - 1]
+        dR += dg.T @ hs[t - 1]
+        dX[t - 1] = dg @ W
+        dh, dc = dg @ R, dc * f
+    return np.vdot(hs[-1], H), [dX, dW, dR], hs[-1]
+
+
+def _lstm_te(te, P):
+    X, W, R = P["X"], P["W"], P["R"]
+    (T, B, I), Hd = X.shape, R.shape[1]
+    Sh, Sc = (te.placeholder((T + 1, B, Hd), X.dtype, n) for n in ("Sh", "Sc"))
+    q, j = te.reduce_axis(I, "q"), te.reduce_axis(Hd, "j")
+    zero = te.compute((1, B, Hd), lambda _, b, i: te.const(0.0, X.dtype), name="zero")
+    g = te.compute((T + 1, B, 4 * Hd), lambda t, b, k: te.sum(X[t - 1, b, q] * W[k, q], axis=q)
+                   + te.sum(Sh[t - 1, b, j] * R[k, j], axis=j), name="gates")
+    c = te.compute((T + 1, B, Hd), lambda t, b, i: te.sigmoid(g[t, b, Hd + i]) * Sc[t - 1, b, i]
+                   + te.sigmoid(g[t, b, i]) * te.tanh(g[t, b, 2 * Hd + i]), name="c")
+    h = te.compute((T + 1, B, Hd), lambda t, b, i: te.sigmoid(g[t, b, 3 * Hd + i]) * te.tanh(c[t, b, i]), name="h")
+    hs, _ = te.scan([zero, zero], [h, c], [Sh, Sc], inputs=[X], name="lstm")
+    return te.compute((B, Hd), lambda b, i: hs[T, b, i], name="hT")
+
+
+def _lstm_step(m, X, W, R):
+    Hd = R.shape[1]
+
+    def step(carry, x):
+        h, c = carry
+        g = x @ W.T + h @ R.T
+        s = m.nn.sigmoid
+        c = s(g[:, Hd:2 * Hd]) * c + s(g[:, :Hd]) * m.np.tanh(g[:, 2 * Hd:3 * Hd])
+        return (s(g[:, 3 * Hd:]) * m.np.tanh(c), c)
+    return step, m.np.zeros((X.shape[1], Hd), dtype=X.dtype)
+
+
+def _lstm_jax(m):
+    def loss(X, W, R, H):
+        step, zero = _lstm_step(m, X, W, R)
+        (h, _), _ = m.lax.scan(lambda carry, x: (step(carry, x), None), (zero, zero), X)
+        return m.np.sum(h * H)
+    return loss
+
+
+def _lstm_torch(m):
+    def loss(X, W, R, H):
+        step, zero = _lstm_step(m, X, W, R)
+        carry = (zero, zero)
+        for x in X:
+            carry = step(carry, x)
+        return (carry[0] * H).sum()
+    return loss
+
+
+def lstm_kernel(T: int = RT) -> Kernel:
+    """Kernel 14 over ``T`` steps."""
+    return Kernel(
+        14, "lstm", f"LSTM, T {T}, batch {RB}, hidden {RH}, input {RI}",
+        dict(X=(T, RB, RI), W=(4 * RH, RI), R=(4 * RH, RH), H=(RB, RH)), ("X", "W", "R"),
+        make=lambda r: dict(X=_normal(r, (T, RB, RI)), W=_normal(r, (4 * RH, RI), RI ** -0.5),
+                            R=_normal(r, (4 * RH, RH), RH ** -0.5), H=_normal(r, (RB, RH))),
+        numpy=_lstm_np, te=_lstm_te, jax=_lstm_jax, torch=_lstm_torch,
+        flops=3 * 2 * T * RB * 4 * RH * (RH + RI), limit="sgemm")
+
+
 KERNELS = {k.id: k for k in (MATMUL, DENSE, CONV, MAXPOOL, SOFTMAX_CE, ELEMENTWISE, SEED, STENCIL, STRIDED, MLP,
-                             EMBEDDING, GATHER)}
+                             EMBEDDING, GATHER, rnn_kernel(), lstm_kernel())}
+STEPPED = {13: rnn_kernel, 14: lstm_kernel}      # the kernels over a number of time steps

@@ -81,11 +81,12 @@ def identical(x, y) -> bool:
     return bool(np.array_equal(l1, l2) and all(np.array_equal(a, b) for a, b in zip(g1, g2)))
 
 
-def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int) -> dict:
-    from .kernels import KERNELS
+def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int, steps=None) -> dict:
+    """One (kernel, peer) measurement; ``steps``: a recurrent kernel over that many time steps."""
+    from .kernels import KERNELS, STEPPED
     from .peers import PREPARE
 
-    kernel = KERNELS[kernel_id]
+    kernel = KERNELS[kernel_id] if steps is None else STEPPED[kernel_id](steps)
     arrays = kernel.arrays(np.random.default_rng(SEED + kernel_id))
     ref_loss, ref_grads, loss_scale = kernel.reference(arrays)
     res = dict(peer=peer, kernel=kernel_id, dtype=kernel.dtype)
@@ -176,7 +177,8 @@ def main(argv=None) -> int:
         if args.get("limits"):
             res = run_limits(args.get("quick", False), args.get("threads", 1))
         else:
-            res = run_kernel(args["peer"], args["kernel"], args.get("quick", False), args.get("threads"))
+            res = run_kernel(args["peer"], args["kernel"], args.get("quick", False), args.get("threads"),
+                             args.get("steps"))
     except Exception as exc:                            # reported, never raised: one failure must not stop the run
         frames = traceback.extract_tb(exc.__traceback__)
         where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""

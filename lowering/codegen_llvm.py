@@ -9,7 +9,10 @@ Each stage becomes two functions:
 * ``stageN(i8** buffers, i64 lo, i64 hi, i64* err)``: the entry point the
   runtime calls, which picks the stage's buffers out of the program's table.
 
-and ``run_stages`` runs a range of stages in one call (see ``runtime.py``).
+and ``run_stages`` runs a range of stages in one call (see ``runtime.py``),
+looping over the stages of a scan's time loop (``Stage.step``) once per
+step: it sets the loop's counter on entry and advances it after the loop's
+last stage, and each stage of the loop reads its time from the counter.
 
 A failed run-time check stores ``(code, index)`` into ``err`` and returns.
 Float arithmetic carries ``reassoc contract nsz arcp`` (never nnan/ninf:
@@ -339,6 +342,8 @@ class _FunctionEmitter:
         self.alloca = ir.IRBuilder(entry)
         self.b = ir.IRBuilder(body)
         self.scopes = [{}]          # memo: loop IR expression -> value, per block
+        if stage.step is not None:  # a scan's step: its time is read from the loop's counter
+            self.scopes[0][stage.step.var] = self.b.load(self.ptr[stage.step.counter], typ=I64)
         self.varies = {}           # node -> reads a local or a buffer this stage writes (may change)
         self.locals = {}
         self.local_type = {}
@@ -860,6 +865,86 @@ def _emit_chunk(module, program, entries, target):
     return fn
 
 
+def _time_loops(program: Program) -> list:
+    """``[(first stage, last stage, TimeLoop)]`` for each time loop of ``program``."""
+    out = []
+    for n, st in enumerate(program.stages):
+        if st.step is None:
+            continue
+        if out and out[-1][2] is st.step and out[-1][1] == n - 1:
+            out[-1] = (out[-1][0], n, st.step)
+        else:
+            out.append((n, n, st.step))
+    return out
+
+
+def _stage_table(module, name, values):
+    """A constant i64 array, one entry per stage."""
+    const_ = ir.Constant(ir.ArrayType(I64, len(values)), values)
+    g = ir.GlobalVariable(module, const_.type, name=name)
+    g.global_constant, g.initializer, g.linkage = True, const_, "internal"
+    return g
+
+
+def _entry_of(b, g, n):
+    return b.load(b.gep(g, [ir.Constant(I64, 0), n], source_etype=g.value_type), typ=I64)
+
+
+def _counter(b, table, slot):
+    return b.load(b.gep(table, [slot], source_etype=PTR), typ=PTR)
+
+
+def _start_time_loop(module, b, program, table, n):
+    """When stage ``n`` (an i64 value) opens a time loop, set its counter to the loop's start."""
+    loops = _time_loops(program)
+    if not loops:
+        return
+    slot = {buf: k for k, buf in enumerate(program.buffers)}
+    opens, starts = [-1] * len(program.stages), [0] * len(program.stages)
+    for first, _, step in loops:
+        opens[first], starts[first] = slot[step.counter], step.lo
+    opens_g = module.globals.get("loop_opens") or _stage_table(module, "loop_opens", opens)
+    starts_g = module.globals.get("loop_starts") or _stage_table(module, "loop_starts", starts)
+    inside = b.icmp_signed("<", n, ir.Constant(I64, len(program.stages)))
+    n_safe = b.select(inside, n, ir.Constant(I64, 0))
+    k = _entry_of(b, opens_g, n_safe)
+    with b.if_then(b.and_(inside, b.icmp_signed(">=", k, ir.Constant(I64, 0)))):
+        b.store(_entry_of(b, starts_g, n_safe), _counter(b, table, k))
+
+
+def _next_stage(module, b, program, table, n):
+    """The stage after stage ``n``: at the end of a time loop, advance its
+    counter and go back to the loop's first stage until the last step ran;
+    entering a time loop sets its counter.  Returns the next index."""
+    nxt = b.add(n, ir.Constant(I64, 1))
+    loops = _time_loops(program)
+    if not loops:
+        return nxt
+    slot = {buf: k for k, buf in enumerate(program.buffers)}
+    closes, ends, firsts = ([-1] * len(program.stages) for _ in range(3))
+    for first, last, step in loops:
+        closes[last], ends[last], firsts[last] = slot[step.counter], step.lo + step.extent, first
+    closes_g, ends_g, firsts_g = (_stage_table(module, name, values) for name, values in
+                                  (("loop_closes", closes), ("loop_ends", ends), ("loop_firsts", firsts)))
+    k = _entry_of(b, closes_g, n)
+    closing = b.icmp_signed(">=", k, ir.Constant(I64, 0))
+    pre = b.block
+    with b.if_then(closing):
+        ptr = _counter(b, table, k)
+        time = b.add(b.load(ptr, typ=I64), ir.Constant(I64, 1))
+        b.store(time, ptr)
+        again = b.icmp_signed("<", time, _entry_of(b, ends_g, n))
+        back = b.select(again, _entry_of(b, firsts_g, n), nxt)
+        inner = b.block
+    target = b.phi(I64, name="next")
+    target.add_incoming(nxt, pre)
+    target.add_incoming(back, inner)
+    repeat = b.icmp_signed("<=", target, n)
+    with b.if_then(b.not_(repeat)):
+        _start_time_loop(module, b, program, table, target)
+    return target
+
+
 def _emit_run_stages(module, program, entries, openmp, target):
     """``run_stages(i8** buffers, i64 first, i64 last, i64* err, i64 threads,
     i8* split)``: stages ``[first, last)`` in order, each over its whole root
@@ -875,10 +960,12 @@ def _emit_run_stages(module, program, entries, openmp, target):
     done = fn.append_basic_block("done")
     b = ir.IRBuilder(entry)
     ctx = b.alloca(I64, ir.Constant(I64, 5), name="ctx")
+    _start_time_loop(module, b, program, table, first)
+    start = b.block
     b.branch(head)
     b.position_at_end(head)
     n = b.phi(I64, name="n")
-    n.add_incoming(first, entry)
+    n.add_incoming(first, start)
     dispatch = fn.append_basic_block("dispatch")
     b.cbranch(b.icmp_signed("<", n, last), dispatch, done)
     b.position_at_end(dispatch)
@@ -915,14 +1002,15 @@ def _emit_run_stages(module, program, entries, openmp, target):
               lambda k: [table, ir.Constant(I64, 0), ir.Constant(I64, root_extent(program.stages[k])), err],
               latch)
     b.position_at_end(latch)
-    nxt = b.add(n, ir.Constant(I64, 1))
+    nxt = _next_stage(module, b, program, table, n)
     slots = b.select(b.icmp_signed(">", threads, ir.Constant(I64, 1)), threads, ir.Constant(I64, 1))
     # any thread's slot reporting a failure stops the run
     check = fn.append_basic_block("check")
+    from_latch = b.block
     b.branch(check)
     b.position_at_end(check)
     t = b.phi(I64, name="t")
-    t.add_incoming(ir.Constant(I64, 0), latch)
+    t.add_incoming(ir.Constant(I64, 0), from_latch)
     code = b.load(b.gep(err, [b.mul(t, ir.Constant(I64, 2))], source_etype=I64), typ=I64)
     t_next = b.add(t, ir.Constant(I64, 1))
     failed = b.icmp_signed("!=", code, ir.Constant(I64, 0))

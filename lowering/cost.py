@@ -8,7 +8,8 @@ data is dropped.  A condition that depends on tensor data counts as taken
 index (bounds read from a counting sort's starts) counts as if every key
 were in range: the counting program fills each sort's starts with an even
 share of the positions, so such loops total exactly the number of positions
-per row whatever the data.  LLVM folds most of these nests into closed
+per row whatever the data.  The stages of a scan's time loop are counted
+in that loop, once per step.  LLVM folds most of these nests into closed
 forms, so 10^9 iterations cost nothing to count.
 """
 from __future__ import annotations
@@ -88,9 +89,11 @@ def count_iterations(program: Program) -> int:
     for st in program.stages:
         body = _Counting(counter, st.name, sort_buffers)(st.body)
         if body is not None:
-            stages.append(Stage(st.name, counter, body))
+            stages.append(Stage(st.name, counter, body, step=st.step))
         if st.sort is not None:
             stages.append(_even_starts(st))
-    counting = Program(f"count_{program.name}", (counter,) + tuple(sort_buffers), tuple(stages), (counter,), ())
+    clocks = tuple(dict.fromkeys(st.step.counter for st in program.stages if st.step is not None))
+    counting = Program(f"count_{program.name}", (counter,) + tuple(sort_buffers) + clocks, tuple(stages),
+                       (counter,), ())
     storage = execute(counting, compile_program(counting, host_target()), [])
     return int(storage[counter][0])

@@ -30,6 +30,8 @@ Two rules, applied until neither applies:
    epilogue stays a stage of its own, so the schedule can still block the
    reduction.  Elements nobody reads are not computed at all.
 
+Stages inside a scan's time loop (``Stage.step``) take part in neither.
+
 Both keep the operations of every element and the order of every
 reduction (LLVM may still contract a multiply and an add differently in
 the new surroundings: a last-bit difference), and neither makes a stage
@@ -96,7 +98,7 @@ def _straight(body) -> bool:
 def _shape(stage: Stage):
     """The :class:`_Shape` of ``stage``, or None when it is not as lowered."""
     loops = _chain(stage.body)
-    if stage.fixed or not _from_zero(loops):
+    if stage.fixed or stage.step is not None or not _from_zero(loops):
         return None
     shape = _Shape(stage, loops, Block(_stmts(loops[-1].body)))
     if _straight(shape.body):
@@ -273,11 +275,11 @@ class _Fuser:
         """Compute the first temporary that qualifies inside its reader (rule 2)."""
         for st in self.stages:
             buf, loops = st.buffer, _chain(st.body)
-            if (st.fixed or buf.kind != "temp" or buf in self.results or self.info(st)[2] != {buf}
+            if (st.fixed or st.step is not None or buf.kind != "temp" or buf in self.results or self.info(st)[2] != {buf}
                     or not _from_zero(loops)):
                 continue
             readers = [r for r in self.stages if buf in self.info(r)[1]]
-            if len(readers) != 1 or not self.small(st, readers[0]):
+            if len(readers) != 1 or readers[0].step is not None or not self.small(st, readers[0]):
                 continue
             producer = _Shape(st, loops, Block(_stmts(loops[-1].body)))
             plan = _inline_plan(producer, readers[0])
@@ -382,6 +384,7 @@ def fuse(program: Program, splits=lambda extents: True) -> Program:
     fuser = _Fuser(program, splits)
     stages = fuser.run()
     used = {b for st in stages for b in fuser.info(st)[1] | fuser.info(st)[2]}
+    used |= {st.step.counter for st in stages if st.step is not None}
     buffers = tuple(b for b in program.buffers if b.kind != "temp" or b in used)
     return Program(program.name, buffers, tuple(stages), program.results, program.checks)
 

@@ -201,17 +201,32 @@ class Check:
 
 
 @dataclass(frozen=True, eq=False)
+class TimeLoop:
+    """The loop over time of a scan: consecutive stages that share one
+    ``TimeLoop`` run in order for ``var`` = ``lo ... lo + extent - 1``
+    (``extent`` >= 1), reading ``var`` from the one-element buffer
+    ``counter`` (the runtime sets and advances it, see ``codegen_llvm``)."""
+
+    var: Var
+    counter: Buffer
+    lo: int
+    extent: int
+
+
+@dataclass(frozen=True, eq=False)
 class Stage:
     """One materialised tensor: a loop nest whose root loop is parallel.
     A ``fixed`` stage is written by hand (``key_stages.py``): fusion and the
     schedule leave it as it is.  ``sort`` is ``(values, positions)`` for the
-    counting sort of an inverse index (``te.cost`` reads it)."""
+    counting sort of an inverse index (``te.cost`` reads it).  A stage with
+    a ``step`` computes one time step of a scan, inside its time loop."""
 
     name: str
     buffer: Buffer
     body: For
     fixed: bool = False
     sort: tuple | None = None
+    step: TimeLoop | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -318,6 +333,9 @@ def stage_buffers(stage: Stage):
     """``(buffers, loaded)``: the buffers ``stage`` reads or writes, in
     first-use order (its own buffer first), and the set of those it reads."""
     seen, loaded, visited = {stage.buffer: None}, set(), set()
+    if stage.step is not None:              # the time of a scan's step
+        seen[stage.step.counter] = None
+        loaded.add(stage.step.counter)
     for s in walk(stage.body):
         if isinstance(s, Store):            # a fused stage stores into several buffers
             seen.setdefault(s.buffer, None)
@@ -440,9 +458,14 @@ class _Printer:
         ins = ", ".join(str(b) for b in p.inputs)
         lines = [f"kernel {p.name}({ins}):"]
         lines += [f"  {b}" for b in p.buffers if b.kind != "input"]
+        loop = None
         for st in p.stages:
-            lines.append(f"stage {st.name}:")
-            lines += self.stmt(st.body, 1)
+            if st.step is not loop and st.step is not None:
+                lines.append(f"time loop {self.var(st.step.var)} in {st.step.lo}..{st.step.lo + st.step.extent}:")
+            loop = st.step
+            pad = "" if loop is None else "  "
+            lines.append(f"{pad}stage {st.name}:")
+            lines += [pad + line for line in self.stmt(st.body, 1)]
         lines.append("return " + ", ".join(b.name for b in p.results))
         return "\n".join(lines)
 

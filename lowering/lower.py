@@ -73,19 +73,19 @@ import math
 from collections import ChainMap
 
 from te_autodiff import dtype as dt
-from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, Select, Unary, Var, add,
+from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, ScanState, Select, Unary, Var, add,
                               cast, compare, const, identity_of, logic_and, logic_not, logic_or,
                               maximum, minimum, mul, select, sub, var)
 from te_autodiff.graph import tensors_in_order
 from te_autodiff.lift import is_lifted_part
 from te_autodiff.sharing import normal_form, share
 from te_autodiff.tensor import Tensor
-from te_autodiff.visit import children, rebuild, substitute, topo_order
+from te_autodiff.visit import children, free_vars, rebuild, rewrite, substitute, topo_order
 
 from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
 from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program,
-                      Stage, Store, children as loop_children)
+                      Stage, Store, TimeLoop, children as loop_children)
 
 TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
@@ -131,17 +131,25 @@ def validate(inputs, outputs):
 def _tensor_set(tensors, what: str) -> list:
     if isinstance(tensors, Tensor):
         return [tensors]
-    items = list(tensors or ())
+    try:
+        items = list(tensors or ())
+    except TypeError:
+        raise TypeError(f"te.build: {what}= must list tensors, got {tensors!r}") from None
     for x in items:
         if not isinstance(x, Tensor):
             raise TypeError(f"te.build: {what}= must list tensors, got {x!r} of type {type(x).__name__}")
     return items
 
 
+def _bodies(t) -> list:
+    """The formulas ``t`` evaluates: its body, or a scan's step (its chain)."""
+    return [c.body for c in t.body.scan.chain] if _is_scan(t) else [t.body]
+
+
 def _reads(t) -> dict:
     """For each tensor ``t`` reads: (number of distinct read sites, any inside a reduction)."""
     out = {}
-    stack, seen = [(t.body, False)], set()
+    stack, seen = [(b, False) for b in _bodies(t)], set()
     while stack:
         e, inside = stack.pop()
         if (e, inside) in seen:
@@ -163,7 +171,7 @@ def _reduction_reads(t) -> dict:
     ``t``, counting the iterations of the enclosing reductions (an extent that
     is not a constant counts once)."""
     out = {}
-    stack, seen = [(t.body, 1)], set()
+    stack, seen = [(b, 1) for b in _bodies(t)], set()
     while stack:
         e, trips = stack.pop()
         if (e, trips) in seen:
@@ -185,9 +193,13 @@ def _position_test(t) -> bool:
     return isinstance(t.body, Select) and is_index_only(t.body.cond)
 
 
+def _is_scan(t) -> bool:
+    return isinstance(t.body, ScanState)
+
+
 def _has_reduction(t) -> bool:
-    """Whether ``t`` reduces (a reduction, or a keyed tensor: computed once, into a buffer)."""
-    return is_keyed(t) or any(isinstance(x, Reduce) for x in topo_order([t.body]))
+    """Whether ``t`` reduces (a reduction, a keyed tensor or a scan: computed once, into a buffer)."""
+    return is_keyed(t) or _is_scan(t) or any(isinstance(x, Reduce) for x in topo_order([t.body]))
 
 
 def _op_work(n) -> float:
@@ -226,7 +238,7 @@ class Plan:
         computes = [t for t in graph if not t.is_placeholder]
         nodes = {t: topo_order([t.body]) for t in computes}
         size = {t: len(nodes[t]) for t in computes}
-        elementwise = {t for t in computes if not is_keyed(t) and not any(isinstance(x, Reduce) for x in nodes[t])}
+        elementwise = {t for t in computes if not _has_reduction(t)}
         # producers first: the work of each elementwise tensor, with the
         # producers that are cheap enough to be inlined added per read
         self.work = {}
@@ -281,8 +293,9 @@ class Plan:
         return t in self.inlined or t in self.in_place
 
 
-def _overrides(rep, outputs, store, recompute):
-    """Representatives of the tensors named in ``store=``/``recompute=``, checked."""
+def _overrides(rep, outputs, store, recompute, updates=frozenset()):
+    """Representatives of the tensors named in ``store=``/``recompute=``, checked
+    (``rep`` also maps the tensors of scan steps, ``updates`` their updates)."""
     def reps(items, what):
         out = set()
         for x in _tensor_set(items, what):
@@ -299,6 +312,12 @@ def _overrides(rep, outputs, store, recompute):
         if r in outputs:
             raise ValueError(f"te.build: cannot recompute '{x.name}': it is an output of the kernel "
                              "(or computes the same values as one), so it is stored")
+        if _is_scan(r):
+            raise ValueError(f"te.build: cannot recompute '{x.name}': it is a scan, computed once into "
+                             "a buffer that holds every time step")
+        if r in updates:
+            raise ValueError(f"te.build: cannot recompute '{x.name}': it is the update of a scan, "
+                             "stored as the scan's state")
         if _has_reduction(r):
             raise ValueError(f"te.build: cannot recompute '{x.name}': it is a reduction, which is "
                              "always computed once into a buffer (only elementwise tensors can be "
@@ -343,6 +362,7 @@ class _Context:
         self.n_locals = 0
         self.speculatable_memo = {}
         self.index_memo = {}
+        self.time = None            # the time of the scan step being lowered
 
     def local(self, prefix, dtype) -> Local:
         self.n_locals += 1
@@ -503,6 +523,10 @@ class _Emitter:
         return BufLoad(self.ctx.buffers[t], _linear(idx, t.shape)), None
 
     def select(self, e):
+        if self.ctx.time is not None:
+            known = _fold_time_tests(e.cond, self.ctx.time, self.scope)
+            if isinstance(known, Const):
+                return self.value(e.a if known.value else e.b)
         cond = self.value(e.cond)
         if self.ctx.speculatable(e.a, self.scope) and self.ctx.speculatable(e.b, self.scope):
             (ba, a), (bb, b) = self.branch(e.a, self.scope), self.branch(e.b, self.scope)
@@ -583,24 +607,52 @@ _RULES = {Select: _Emitter.select, Logic: _Emitter.logic, Reduce: _Emitter.reduc
 # --------------------------------------------------------------------- stages
 
 
-def _stage(t, buf, ctx) -> Stage:
+def _stage(t, buf, ctx, step=None) -> Stage:
+    """The stage computing ``t`` into ``buf``; with a :class:`TimeLoop`
+    ``step``, only the slice of ``t`` at the loop's time (a scan's chain)."""
+    ctx.time = None if step is None else step.var
     if is_keyed(t):
         return keyed_stage(t, buf, lambda e, doms: _evaluate(ctx, e, doms), ctx.local)
-    axes = t.axes if t.ndim else (var("_", (0, 1)),)
-    shape = t.shape if t.ndim else (1,)
-    scope = Scope.of_axes(axes, shape)
+    expr, index, axes, shape, doms = t.body, _linear(t.axes, t.shape), t.axes, t.shape, {}
+    if step is not None:
+        at = {t.axes[0]: step.var}
+        doms = {step.var: (const(step.lo, dt.INDEX), const(step.extent, dt.INDEX))}
+        expr, index, axes, shape = substitute(expr, at), substitute(index, at), axes[1:], shape[1:]
+    if not axes:
+        axes, shape = (var("_", (0, 1)),), (1,)
+    scope = Scope({**doms, **Scope.of_axes(axes, shape).doms})
     first_local = ctx.n_locals
     probe = _Emitter(ctx, scope)                    # finds the values used more than once
-    probe.value(t.body)
+    probe.value(expr)
     ctx.n_locals = first_local
     em = _Emitter(ctx, scope, shared=probe.reused)
-    value = em.value(t.body)
-    body = Block(tuple(em.stmts) + (Store(buf, _linear(t.axes, t.shape), value),))
+    value = em.value(expr)
+    body = Block(tuple(em.stmts) + (Store(buf, index, value),))
     for d in reversed(range(len(axes))):
         kind = "parallel" if d == 0 else "vectorize" if d == len(axes) - 1 else "serial"
         loop = For(axes[d], const(0, dt.INDEX), const(shape[d], dt.INDEX), body, kind)
         body = loop if d == 0 else Block((loop,))
-    return Stage(buf.name, buf, body)
+    return Stage(buf.name, buf, body, step=step)
+
+
+_DECIDE = {"lt": lambda lo, hi: (hi < 0, lo >= 0), "le": lambda lo, hi: (hi <= 0, lo > 0),
+           "gt": lambda lo, hi: (lo > 0, hi <= 0), "ge": lambda lo, hi: (lo >= 0, hi < 0)}
+
+
+def _fold_time_tests(e, time, scope):
+    """``e`` with each comparison of the time alone that holds (or fails) at
+    every step of the loop replaced by its value (the guards of a reverse
+    scan's step that only exclude the initial steps cost nothing)."""
+    def fold(node, new):
+        if not (isinstance(new, Cmp) and new.op in _DECIDE and dt.is_int(new.a.dtype)
+                and is_index_only(new) and free_vars(new) == {time}):
+            return None
+        lo, hi = bounds(sub(new.a, new.b), scope)
+        if lo is None or hi is None:
+            return None
+        true, false = _DECIDE[new.op](lo, hi)
+        return const(True, "bool") if true else const(False, "bool") if false else None
+    return rewrite([e], fold)[0]
 
 
 def _evaluate(ctx, e, doms: dict):
@@ -610,9 +662,10 @@ def _evaluate(ctx, e, doms: dict):
     return tuple(em.stmts), value
 
 
-def _buffers(inputs, stored, outputs) -> dict:
-    """A uniquely named buffer for every input and every stored tensor."""
-    out, names = {}, set()
+def _buffers(inputs, stored, outputs, taken=()) -> dict:
+    """A uniquely named buffer for every input and every stored tensor (names
+    in ``taken`` are in use)."""
+    out, names = {}, set(taken)
 
     def make(t, kind):
         name, n = t.name, 1
@@ -650,6 +703,66 @@ def _checked_form(checked: dict):
     return form
 
 
+# ---------------------------------------------------------------------- scans
+
+
+class _Nested:
+    """The plan of a scan's step inside the program's plan: a tensor is
+    recomputed when either plan recomputes it."""
+
+    def __init__(self, inner: Plan, outer: Plan):
+        self.inner, self.outer = inner, outer
+        self.reducing = inner.reducing | outer.reducing
+
+    def recomputed(self, t) -> bool:
+        return self.inner.recomputed(t) or self.outer.recomputed(t)
+
+
+def _scan_stages(op, ctx, store=frozenset(), recompute=frozenset()) -> list:
+    """The stages of scan ``op`` (see ``te_autodiff/scan.py``): each state's
+    initial steps copied into its result buffer, then one loop over time
+    whose stages compute one step of the chain, each stored chain tensor as
+    a stage of its own (the updates write into the results' buffers, the
+    chain tensors a gradient reads (``ScanOp.kept``) into theirs, the other
+    stored ones into buffers over all steps); the store or recompute rule
+    decides which other chain tensors are stored (``store``/``recompute``:
+    its overrides).  The loop's stages are lowered once, whatever the
+    number of steps."""
+    results = dict(zip(op.state, op.results))
+    chain = {}
+    for c in op.chain:              # the states are read from the results
+        def retarget(node, new):
+            to = results.get(new.tensor) or chain.get(new.tensor) if isinstance(new, Load) else None
+            return None if to is None else Load(to, new.indices)
+        body = rewrite([c.body], retarget)[0]
+        chain[c] = Tensor(c.name, c.shape, c.dtype, c.axes, body)
+    stages = []
+    for i, y in zip(op.init, op.results):               # result[t] = init[t] for t < k
+        axes = tuple(var(f"i{d}", (0, n)) for d, n in enumerate(i.shape))
+        copy = Tensor(y.name, i.shape, i.dtype, axes, Load(i, axes))
+        stages.append(_stage(copy, ctx.buffers[y], ctx))
+    if op.steps == op.k:
+        return stages
+    t = var("t", (op.k, op.steps - op.k))
+    counter = Buffer(f"{op.name}.t", (1,), dt.INDEX, "temp")
+    ctx.buffers[counter] = counter
+    step = TimeLoop(t, counter, op.k, op.steps - op.k)
+    updates = [chain[u] for u in op.update]
+    kept = {chain[op.outputs[y.body.which]]: buf for y, buf in ctx.buffers.items()    # read by a gradient
+            if isinstance(y, Tensor) and _is_scan(y) and y.body.scan is op and y.body.which >= len(op.state)}
+    plan = Plan(list(chain.values()), updates, store={chain[c] for c in op.chain if c in store} | set(kept),
+                recompute={chain[c] for c in op.chain if c in recompute})
+    given = {**kept, **{u: ctx.buffers[y] for u, y in zip(updates, op.results)}}
+    own = _buffers((), [c for c in plan.stored if c not in given], (), {b.name for b in ctx.buffers.values()})
+    inner = _Context({**ctx.buffers, **own, **given}, _Nested(plan, ctx.plan), ctx.checks)
+    for c in chain.values():        # every read of the step in range, at the times it runs
+        check_tensor(c, {c.axes[0]: (const(op.k, dt.INDEX), const(op.steps - op.k, dt.INDEX))})
+    for c in plan.stored:
+        stages.append(_stage(c, inner.buffers[c], inner, step))
+    ctx.buffers.update(own)
+    return stages
+
+
 def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     """The loop IR program computing ``outputs`` from the placeholders ``inputs``.
 
@@ -661,15 +774,28 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
             check_tensor(t)
     rep = share(outputs, _checked_form({}))
     results = [rep[o] for o in outputs]
-    store_set, recompute_set = _overrides(rep, set(results), store, recompute)
+    ops = {t.body.scan for t in set(rep.values()) if _is_scan(t)}
+    in_steps = {op.source.get(c, c): c for op in ops for c in op.chain}      # the user's tensor: the step's
+    store_set, recompute_set = _overrides({**in_steps, **rep}, set(results), store, recompute,
+                                          {u for op in ops for u in op.update})
     from_user = {rep[t] for t in rep if not is_lifted_part(t)}
     parts = {rep[t] for t in rep if is_lifted_part(t)} - from_user
     graph = tensors_in_order(results)
     plan = Plan(graph, results, store_set, recompute_set, parts)
-    buffers = _buffers(inputs, plan.stored, results)
+    # every state of a scan gets a buffer, read or not
+    states = [y for t in plan.stored if _is_scan(t) for y in t.body.scan.results if y not in plan.stored]
+    buffers = _buffers(inputs, plan.stored + list(dict.fromkeys(states)), results)
     ctx = _Context(buffers, plan, {})
-    stages = tuple(_stage(t, buffers[t], ctx) for t in plan.stored if math.prod(t.shape))   # empty: nothing to do
+    stages, scans = [], set()
+    for t in plan.stored:
+        if not math.prod(t.shape):                  # empty: nothing to do
+            continue
+        if not _is_scan(t):
+            stages.append(_stage(t, buffers[t], ctx))
+        elif t.body.scan not in scans:
+            scans.add(t.body.scan)
+            stages += _scan_stages(t.body.scan, ctx, store_set, recompute_set)
     checks = tuple(key for key, _ in sorted(ctx.checks.items(), key=lambda kv: kv[1]))
-    program = Program(name or outputs[0].name, tuple(buffers.values()), stages,
+    program = Program(name or outputs[0].name, tuple(buffers.values()), tuple(stages),
                       tuple(buffers[t] for t in results), checks)
     return program

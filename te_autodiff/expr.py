@@ -295,6 +295,19 @@ class MatchSum(Expr):
         return reduce("sum", select(hit, self.value, const(0, self.dtype)), self.axes, doms)
 
 
+class ScanState(Expr):
+    """The body of a tensor a scan computes: output ``which`` of ``scan`` (a
+    :class:`~te_autodiff.scan.ScanOp`: a state, or past them a tensor of its
+    step kept for a gradient) at the tensor's own position.  A leaf: what a
+    scan reads is listed by the op, not by sub-expressions."""
+
+    __slots__ = ("scan", "which")
+    fields = ("scan", "which")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.scan.outputs[self.which].dtype)
+
+
 REDUCE_OPS = ("sum", "prod", "max", "min")
 UNARY_OPS = ("neg", "abs", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos")
 
@@ -321,6 +334,18 @@ def const(value, dtype=None) -> Const:
     return Const(value, dtype)
 
 
+def literal(value, dtype=None) -> Const:
+    """``te.const`` and the Python numbers in expressions: :func:`const`,
+    checking that it is a number or a bool and that an int fits its dtype
+    (passes may make wider constants)."""
+    own = dt.literal_dtype(value)                   # a TypeError for anything else
+    c = const(value, own if dtype is None else dtype)
+    half = 2 ** (31 if c.dtype == "int32" else 63)
+    if dt.is_int(c.dtype) and not -half <= c.value < half:
+        raise ValueError(f"constant {c.value} does not fit {c.dtype}")
+    return c
+
+
 def as_expr(value, like: str | None = None) -> Expr:
     """Wrap a Python literal as a :class:`Const` (weakly typed next to ``like``)."""
     if isinstance(value, Expr):
@@ -330,7 +355,7 @@ def as_expr(value, like: str | None = None) -> Expr:
                         + ("; index a tensor with t[i, j] to read an element"
                            if hasattr(value, "shape") else ""))
     dtype = dt.literal_dtype(value) if like is None else dt.weak_literal_dtype(value, like)
-    return const(value, dtype)
+    return literal(value, dtype)
 
 
 def _pair(a, b):

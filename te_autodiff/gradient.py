@@ -13,12 +13,13 @@ literal sum, the reference the optimised form is tested against.
 from __future__ import annotations
 
 from . import dtype as dt
-from .derivative import differentiable, load_adjoints, reduction_seed
-from .expr import Const, Load, MatchSum, Reduce, Var, add, cast, const
+from .derivative import differentiable, load_adjoints, peel_guards, reduction_seed
+from .expr import Const, Load, MatchSum, Reduce, ScanState, Var, add, all_, cast, const, select
 from .graph import tensors_in_order
 from .lift import lifted
+from .scan import scan_adjoint
 from .tensor import Tensor, compute
-from .term import Term, fresh_copy, naive
+from .term import Term, fresh_copy, naive, read_guards
 from .visit import substitute
 
 
@@ -31,8 +32,12 @@ def gradient(output, inputs, head=None, optimize=True) -> list:
     input's shape and dtype.
     """
     _check_tensor(output, "output")
-    single = isinstance(inputs, Tensor)
-    inputs = [inputs] if single else list(inputs)
+    check_optimize(optimize, "te.gradient")
+    try:
+        inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    except TypeError:
+        raise TypeError(f"te.gradient: inputs must be a te tensor or a list of them, "
+                        f"got {type(inputs).__name__}") from None
     for n, x in enumerate(inputs):
         _check_tensor(x, f"inputs[{n}]")
     if head is not None:
@@ -47,6 +52,12 @@ def gradient(output, inputs, head=None, optimize=True) -> list:
 def _check_tensor(t, what):
     if not isinstance(t, Tensor):
         raise TypeError(f"te.gradient: {what} must be a te tensor, got {type(t).__name__}")
+
+
+def check_optimize(optimize, who: str):
+    """``optimize`` must be a bool: a string such as "no" would count as true."""
+    if not isinstance(optimize, bool):
+        raise TypeError(f"{who}: optimize must be True or False, got {optimize!r}")
 
 
 def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
@@ -70,13 +81,22 @@ def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
     stored = {body: t[lt.axes]} if body is lt.body and not isinstance(body, (Load, Const, Var)) else {}
     terms = []
     for load, coef in load_adjoints(body, seed, {x}).items():
-        coef = substitute(coef, stored)
+        # the read's guard outermost, kept also where the stored value stands for
+        # the whole guarded expression, after the conditions that keep the
+        # data reads in its indices in range: the indices may be defined only
+        # where they hold (a key read from data), and zero elimination and the
+        # naive sum test them before the indices
+        guard, _ = peel_guards(coef)
+        value = head_at(lt.axes) * peel_guards(substitute(coef, stored))[1]
+        conds = read_guards(load.indices) + ([guard] if guard is not None else [])
+        if conds:
+            value = select(all_(*conds), value, const(0, value.dtype))
         rename = fresh_copy(summed)
         if at is not None:
             rename.update(zip(lt.axes, at))
         terms.append(Term(outer,
                           tuple(substitute(i, rename) for i in load.indices),
-                          substitute(head_at(lt.axes) * coef, rename),
+                          substitute(value, rename),
                           tuple(rename[a] for a in summed),
                           tuple(tuple(substitute(e, rename) for e in dom) for dom in doms)))
     return terms
@@ -101,6 +121,7 @@ class _Adjoints:
     def __init__(self, output, inputs, head, optimize):
         self.output, self.head, self.optimize = output, head, optimize
         self.memo = {}
+        self.scans = {}
         self.users = {}
         wanted = set(inputs)
         # live: tensors of the lifted graph through which a wanted input reaches the output
@@ -134,13 +155,31 @@ class _Adjoints:
 
     def _gather(self, x: Tensor, name: str) -> Tensor:
         def body(*j):
-            terms = []
+            terms, scans = [], []
             for t in dict.fromkeys(self.users.get(x, ())):
-                if t in self.live or t is self.output:
-                    at = self._head_of(t)
-                    terms += tensor_terms(t, x, tuple(j), at)
-            return combine(terms, x.dtype, self.optimize)
+                if not (t in self.live or t is self.output):
+                    continue
+                if isinstance(t.body, ScanState):
+                    scans.append(t.body.scan)
+                else:
+                    terms += tensor_terms(t, x, tuple(j), self._head_of(t))
+            total = combine(terms, x.dtype, self.optimize)
+            for op in dict.fromkeys(scans):         # a scan's states share one adjoint
+                adj = self._scan(op).of(x)
+                if adj is not None:
+                    total = add(total, adj[tuple(j)])
+            return total
         return compute(x.shape, body, name=name)
+
+    def _scan(self, op):
+        """The adjoint of scan ``op`` (a reverse scan), for the adjoints of its
+        results and of the chain tensors it kept that this graph reads."""
+        if op not in self.scans:
+            kept = {op.outputs[y.body.which]: self.of(y) for y in self.users
+                    if isinstance(y.body, ScanState) and y.body.scan is op and y.body.which >= len(op.state)
+                    and y in self.live}
+            self.scans[op] = scan_adjoint(op, [self.of(y) for y in op.results], self.optimize, kept)
+        return self.scans[op]
 
     def _head_of(self, t: Tensor):
         """``i -> adjoint(t)[i]``, reading the output's head directly."""

@@ -1,8 +1,8 @@
 """``te.jacobian``: the full Jacobian of a tensor with respect to a direct input."""
 from __future__ import annotations
 
-from .expr import Load, add, const, reduce
-from .gradient import combine, tensor_terms
+from .expr import Load, ScanState, add, const, reduce
+from .gradient import check_optimize, combine, tensor_terms
 from .lift import is_lifted_part, lifted
 from .tensor import Tensor, compute
 
@@ -15,6 +15,9 @@ def jacobian(output: Tensor, input: Tensor, optimize: bool = True) -> Tensor:
     for what, t in (("output", output), ("input", input)):
         if not isinstance(t, Tensor):
             raise TypeError(f"te.jacobian: {what} must be a te tensor, got {type(t).__name__}")
+    check_optimize(optimize, "te.jacobian")
+    if isinstance(output.body, ScanState):
+        raise NotImplementedError(f"te.jacobian: '{output.name}' is a scan; use te.gradient (a reverse scan)")
     if output.is_placeholder or input not in output.inputs:
         raise ValueError(f"te.jacobian: '{output.name}' does not read '{input.name}' directly; "
                          "the Jacobian is defined for a direct input (use te.gradient through a graph)")

@@ -7,7 +7,8 @@ the tree it unfolds to.  Variables that share a name get a ``'`` suffix.
 from __future__ import annotations
 
 from . import dtype as dt
-from .expr import BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, MatchSum, Reduce, Select, Unary, Var
+from .expr import (BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, MatchSum, Reduce, ScanState, Select,
+                   Unary, Var)
 from .visit import children, topo_order
 
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
@@ -147,6 +148,9 @@ def tensor_str(t, share: bool = True) -> str:
     dims = ", ".join(str(s) for s in t.shape)
     if t.is_placeholder:
         return f"{t.name}: placeholder({dims}) {t.dtype}"
+    if isinstance(t.body, ScanState):
+        op = t.body.scan
+        return f"{t.name} = state {op.state[t.body.which].name} of scan {op.name}    # shape ({dims}) {t.dtype}"
     p = _Printer([t.body], share)
     head = f"{t.name}[{', '.join(p.var(a) for a in t.axes)}]"
     body = p.expr(t.body)
@@ -157,5 +161,19 @@ def tensor_str(t, share: bool = True) -> str:
 def pretty(tensors) -> str:
     """``te.pretty``: each tensor's formula, producers first, shared parts let-bound."""
     from .graph import tensors_in_order
+    from .tensor import Tensor
     roots = [tensors] if not isinstance(tensors, (list, tuple)) else list(tensors)
-    return "\n".join(tensor_str(t) for t in tensors_in_order(roots))
+    for t in roots:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"te.pretty: expected a te tensor or a list of them, got {type(t).__name__}")
+    lines, steps = [], set()
+    for t in tensors_in_order(roots):
+        op = t.body.scan if isinstance(t.body, ScanState) else None
+        if op is not None and op not in steps:      # a scan's step, once, before its first state
+            steps.add(op)
+            lines.append(f"scan {op.name} over t in 0..{op.steps}:")
+            lines += [f"    {s.name}[t] = {i.name}[t] for t < {op.k}, then {u.name}[t]    (state {y.name})"
+                      for s, i, u, y in zip(op.state, op.init, op.update, op.results)]
+            lines += ["    " + line for c in op.chain for line in tensor_str(c).split("\n")]
+        lines.append(tensor_str(t))
+    return "\n".join(lines)

@@ -14,7 +14,7 @@ store-or-recompute rule.
 """
 from __future__ import annotations
 
-from .expr import Load, Reduce, var
+from .expr import Load, Reduce, ScanState, var
 from .graph import tensors_in_order
 from .lift import lifted
 from .tensor import Tensor
@@ -71,10 +71,16 @@ def share(outputs, form=normal_form) -> dict:
     values map to one representative.  Representatives keep the name of the
     first tensor of their kind, so printed programs show the user's names.
     Linear in the size of the program: one memoised pass over each body."""
-    rep, by_key = {}, {}
+    rep, by_key, scans = {}, {}, {}
     for t in tensors_in_order(outputs, lambda t: form(t).inputs):
         if t.is_placeholder:
             rep[t] = t
+            continue
+        if isinstance(t.body, ScanState):       # the scan reading representatives
+            op = t.body.scan
+            if op not in scans:
+                scans[op] = op.reading(lambda x: rep.get(x, x))
+            rep[t] = scans[op].output(t.body.which)
             continue
         lt = form(t)
         body = rewrite([lt.body], lambda node, new: Load(rep[new.tensor], new.indices)

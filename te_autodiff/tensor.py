@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from . import dtype as dt
-from .expr import Expr, Load, Reduce, Var, as_expr, cast, const, identity_of, reduce, var
+from .expr import Expr, Load, Reduce, ScanState, Var, as_expr, cast, const, identity_of, reduce, var
 from .visit import children, topo_order
 
 _NAMES = itertools.count()
@@ -45,10 +45,14 @@ class Tensor:
 
     @property
     def inputs(self) -> list["Tensor"]:
-        """The tensors this compute op reads, in first-read order."""
+        """The tensors this compute op reads, in first-read order (a scan's
+        result: the initial values and what its update reads besides the state)."""
         if self._inputs is None:
-            reads = {} if self.body is None else {
-                node.tensor: None for node in topo_order([self.body]) if isinstance(node, Load)}
+            if isinstance(self.body, ScanState):
+                reads = dict.fromkeys(self.body.scan.external)
+            else:
+                reads = {} if self.body is None else {
+                    node.tensor: None for node in topo_order([self.body]) if isinstance(node, Load)}
             object.__setattr__(self, "_inputs", tuple(reads))
         return list(self._inputs)
 
@@ -62,7 +66,10 @@ class Tensor:
         for d, ix in enumerate(indices):
             if isinstance(ix, slice):
                 raise TypeError(f"tensor '{self.name}': slices are not supported; write a te.compute")
-            e = as_expr(ix)
+            try:
+                e = as_expr(ix)
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"tensor '{self.name}': index {d}: {err}") from None
             if not (dt.is_int(e.dtype)):
                 raise TypeError(f"tensor '{self.name}': index {d} has dtype {e.dtype}; "
                                 "indices must be integer expressions")
@@ -73,14 +80,20 @@ class Tensor:
         return self[indices]
 
     def __len__(self):
+        if not self.shape:
+            raise TypeError(f"tensor '{self.name}' is 0-dimensional and has no len()")
         return self.shape[0]
 
     def __iter__(self):
         raise TypeError(f"tensor '{self.name}' is not iterable; index it with t[i, j] inside te.compute")
 
     def __repr__(self):
-        kind = "placeholder" if self.is_placeholder else "compute"
+        kind = "placeholder" if self.is_placeholder else "scan" if isinstance(self.body, ScanState) else "compute"
         return f"Tensor({self.name!r}, shape={self.shape}, dtype={self.dtype}, {kind})"
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def _shape(shape, who: str) -> tuple:
@@ -91,17 +104,33 @@ def _shape(shape, who: str) -> tuple:
     except TypeError:
         raise TypeError(f"{who}: shape must be a tuple of ints, got {shape!r}") from None
     for s in shape:
-        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+        if not _is_int(s):
             raise TypeError(f"{who}: shape entries must be ints, got {s!r} in {shape}")
         if s < 0:
             raise ValueError(f"{who}: shape entries must be non-negative, got {shape}")
+        if s >= 2**63:
+            raise ValueError(f"{who}: shape entries must be below 2**63 (index variables are int64), got {shape}")
     return tuple(int(s) for s in shape)
+
+
+def check_name(name, who: str) -> str:
+    """``name`` if it is a printable str: names reach messages, printed
+    formulas and LLVM symbols, where a newline or NUL broke or crashed LLVM."""
+    if not isinstance(name, str):
+        raise TypeError(f"{who}: name must be a str, got {name!r} of type {type(name).__name__}")
+    if not name.isprintable():
+        raise ValueError(f"{who}: name {name!r} has a non-printable character")
+    return name
 
 
 def placeholder(shape, dtype="float32", name="placeholder") -> Tensor:
     """``te.placeholder``: an input tensor of ``shape`` and ``dtype``."""
+    check_name(name, "te.placeholder")
     shape = _shape(shape, f"te.placeholder '{name}'")
-    return Tensor(name, shape, dt.canonical(dtype))
+    try:
+        return Tensor(name, shape, dt.canonical(dtype))
+    except TypeError as e:
+        raise TypeError(f"te.placeholder '{name}': {e}") from None
 
 
 def _arity(fcompute, ndim: int, name: str):
@@ -122,7 +151,11 @@ def _arity(fcompute, ndim: int, name: str):
 
 def compute(shape, fcompute, name="compute") -> Tensor:
     """``te.compute``: the tensor whose element at ``(i0, i1, ...)`` is ``fcompute(i0, i1, ...)``."""
+    check_name(name, "te.compute")
     shape = _shape(shape, f"te.compute '{name}'")
+    if not callable(fcompute):
+        raise TypeError(f"te.compute '{name}': fcompute must be a function of the indices, "
+                        f"got {type(fcompute).__name__}")
     axes = tuple(var(n, (0, s)) for n, s in zip(_arity(fcompute, len(shape), name), shape))
     body = fcompute(*axes)
     if isinstance(body, Tensor):
@@ -130,7 +163,10 @@ def compute(shape, fcompute, name="compute") -> Tensor:
                         "return an element such as t[i, j]")
     if isinstance(body, (list, tuple)):
         raise TypeError(f"te.compute '{name}': fcompute must return one scalar expression")
-    body = as_expr(body)
+    try:
+        body = as_expr(body)
+    except TypeError as e:
+        raise TypeError(f"te.compute '{name}': {e}") from None
     _check_axes(body, axes, name)
     return Tensor(name, shape, body.dtype, axes, body)
 
@@ -162,6 +198,9 @@ def _check_scope(e: Expr, scope: set, name: str, memo: dict):
     if isinstance(e, Reduce):
         inner = set(scope)
         for ax, (lo, ext) in zip(e.axes, e.doms):   # a domain may use the axes before it
+            if ax in inner:
+                raise ValueError(f"te.compute '{name}': the reduction runs over '{ax.name}', an axis of "
+                                 "this tensor; reduce over a te.reduce_axis")
             _check_scope(lo, inner, name, memo)
             _check_scope(ext, inner, name, memo)
             inner.add(ax)
@@ -173,15 +212,18 @@ def _check_scope(e: Expr, scope: set, name: str, memo: dict):
 
 def reduce_axis(dom, name="k") -> Var:
     """``te.reduce_axis``: a reduction variable over ``range(dom)`` or ``range(lo, hi)``."""
-    if isinstance(dom, (int, np.integer)) and not isinstance(dom, bool):
-        lo, hi = 0, int(dom)
-    else:
-        try:
-            lo, hi = (int(v) for v in dom)
-        except (TypeError, ValueError):
-            raise TypeError(f"te.reduce_axis '{name}': dom must be an int or (begin, end), got {dom!r}") from None
+    check_name(name, "te.reduce_axis")
+    try:
+        bounds = (0, dom) if _is_int(dom) else tuple(dom)
+    except TypeError:
+        bounds = ()
+    if len(bounds) != 2 or not all(_is_int(v) for v in bounds):
+        raise TypeError(f"te.reduce_axis '{name}': dom must be an int or (begin, end) ints, got {dom!r}")
+    lo, hi = (int(v) for v in bounds)
     if hi < lo:
         raise ValueError(f"te.reduce_axis '{name}': range [{lo}, {hi}) ends before it begins")
+    if lo < -2**63 or hi - lo >= 2**63 or hi >= 2**63:
+        raise ValueError(f"te.reduce_axis '{name}': range [{lo}, {hi}) does not fit int64 index variables")
     return var(name, (lo, hi - lo))
 
 
@@ -198,8 +240,8 @@ def _reduction(op: str, expr, axis, where=None) -> Expr:
     if body.dtype == "bool":
         body = cast("int32", body)
     if where is not None:
-        from .expr import select
-        body = select(where, body, const(identity_of(op, body.dtype), body.dtype))
+        from .expr import _cond, select
+        body = select(_cond(where, f"te.{op} where="), body, const(identity_of(op, body.dtype), body.dtype))
     doms = tuple((const(ax.dom[0], dt.INDEX), const(ax.dom[1], dt.INDEX)) for ax in axes)
     return reduce(op, body, axes, doms)
 

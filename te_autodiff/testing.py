@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtype as dt
-from .expr import Cast, Const, Load, cast, const
+from .expr import Cast, Const, Load, ScanState, cast, const
 from .graph import tensors_in_order
+from .scan import ScanOp
 from .tensor import Tensor, placeholder
 from .visit import rewrite
 
@@ -31,13 +32,34 @@ def as_float64(tensors) -> dict:
             return Load(new[node.tensor], rebuilt.indices)
         return None
 
-    for t in tensors_in_order(tensors):
+    def convert(t):
         if t.is_placeholder:
             new[t] = placeholder(t.shape, widen(t.dtype), t.name)
         else:
             body = rewrite([t.body], fix)[0]
             new[t] = Tensor(t.name, t.shape, body.dtype, t.axes, body)
+
+    wide = {}
+    for t in tensors_in_order(tensors):
+        if not isinstance(t.body, ScanState):
+            convert(t)
+            continue
+        op = t.body.scan                    # a scan: its states and step too
+        if op not in wide:
+            for x in op.state + op.chain:
+                convert(x)
+            wide[op] = ScanOp(op.name, *(tuple(new[x] for x in part) for part in (op.init, op.update, op.state)),
+                              op.inputs, internal=True)
+        new[t] = wide[op].output(t.body.which)
     return new
+
+
+def _array(value, x: Tensor) -> np.ndarray:
+    """A fresh array of ``x``'s dtype holding ``value``."""
+    try:
+        return np.array(value, dtype=x.dtype, copy=True)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"te.check_gradient: the value for '{x.name}' is not an array of numbers: {e}") from None
 
 
 def check_gradient(output, inputs, values, head=None, rtol=1e-4, atol=1e-6, eps=1e-6):
@@ -50,13 +72,19 @@ def check_gradient(output, inputs, values, head=None, rtol=1e-4, atol=1e-6, eps=
     """
     from . import build
     from .gradient import gradient
-    inputs = list(inputs)
+    inputs = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    for what, t in [("output", output)] + [(f"inputs[{n}]", x) for n, x in enumerate(inputs)]:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"te.check_gradient: {what} must be a te tensor, got {type(t).__name__}")
     if len(values) != len(inputs):
         raise ValueError(f"te.check_gradient: {len(inputs)} inputs but {len(values)} values")
+    if not (rtol >= 0 and atol >= 0 and eps > 0):
+        raise ValueError(f"te.check_gradient: needs rtol >= 0, atol >= 0 and eps > 0, "
+                         f"got rtol={rtol}, atol={atol}, eps={eps}")
     g64 = as_float64([output] + inputs)
     ins = [g64[x] for x in inputs]
     out = g64[output]
-    arrays = [np.array(v, dtype=x.dtype, copy=True) for v, x in zip(values, ins)]
+    arrays = [_array(v, x) for v, x in zip(values, ins)]
     h_tensor = placeholder(out.shape, "float64", "head") if head is not None else None
     h_value = [np.asarray(head, dtype="float64")] if head is not None else []
     grads = gradient(out, ins, head=h_tensor)
@@ -84,6 +112,7 @@ def check_gradient(output, inputs, values, head=None, rtol=1e-4, atol=1e-6, eps=
             flat[n] = keep
             numeric.reshape(-1)[n] = (up - down) / (2 * step)
         err = np.abs(ana - numeric) - (atol + rtol * np.abs(numeric))
+        err = np.where(np.isnan(err), np.inf, err)     # a NaN on either side verifies nothing: a mismatch
         if err.size and err.max() > 0:
             at = np.unravel_index(int(np.argmax(err)), err.shape)
             raise AssertionError(

@@ -16,7 +16,7 @@ such child per target.
 
 The programs (each ``(inputs, outputs)``, gradients included):
 
-* the ten benchmark kernels (``benchmarks/kernels.py``): loss and gradients,
+* the benchmark kernels (``benchmarks/kernels.py``): loss and gradients,
   built by ``Kernel.te_program`` as the benchmark runner builds them;
 * NN layers from ``test_gradient_nn.py`` / ``conftest.py`` (dense, strided
   and dilated conv with guarded padding, max/avg pooling, softmax, MLP with

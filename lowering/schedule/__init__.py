@@ -102,13 +102,20 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    ``parallel`` root the runtime splits across threads; when it has fewer
    than ``MIN_ROOT`` iterations an output tile loop with more is moved out.
 
+Stages of a scan's time loop are scheduled like any other and stay in the
+loop; copies that compute the same values at every step (packed weights)
+then move before it (``hoist.py``).
+
 A stage that already holds a ``Simd`` loop is left alone, so the pass is
 idempotent; so is a ``fixed`` stage, written by hand (``key_stages.py``).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..loop_ir import Program, Simd, Stage, walk
 from ..target import Target
+from .hoist import hoist_invariants
 from .blocking import SPLIT_MIN_WORK, TILE_VECTORS, Blocking, blocking
 from .lane_reduction import dot_tiles, in_lanes, reduce_in_lanes
 from .nest import Nest, as_nest
@@ -162,7 +169,7 @@ def schedule(program: Program, target: Target) -> Program:
     bl = blocking(target)
     stages, new_buffers = [], []
     taken = {b.name for b in program.buffers}
-    for st in program.stages:
-        stages += schedule_stage(st, taken, new_buffers, bl)
-    return Program(program.name, program.buffers + tuple(new_buffers), tuple(stages),
+    for st in program.stages:            # a scan's step stays in its time loop, copies included
+        stages += [replace(s, step=st.step) for s in schedule_stage(st, taken, new_buffers, bl)]
+    return Program(program.name, program.buffers + tuple(new_buffers), tuple(hoist_invariants(stages)),
                    program.results, program.checks)

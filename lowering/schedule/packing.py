@@ -31,25 +31,30 @@ class Copy:
     panel: tuple | None = None
 
 
-def _box(a: Access, axis: Var, extent: int):
+def _box(a: Access, axis: Var, extent: int, nest: Nest):
     """The ``(variable, first, extent)`` of each dimension a copy of load ``a``
     needs: the reduction loops its index reads (constant bounds), then
     ``axis`` over ``0..extent``; None when the index reads anything else or
-    may leave the buffer."""
+    may leave the buffer.  The time of a scan's step (a variable outside the
+    nest, with a fixed range) is an offset of the whole box: the copy stage
+    runs at every step, inside the time loop."""
     form = linear_form(a.index)
     if a.store or not a.loops or form is None:
         return None
     terms, c0 = form
     red = [lp for lp in a.loops if lp.var in terms]
     names = {lp.var for lp in red}
-    if (any(atom is not axis and atom not in names for atom in terms) or len(names) != len(red)
+    outer = [v for v in terms if isinstance(v, Var) and v is not axis and v not in names and v.dom is not None
+             and v not in nest.vars]
+    if (any(atom is not axis and atom not in names and atom not in outer for atom in terms) or len(names) != len(red)
             or not all(isinstance(lp.lo, Const) and isinstance(lp.extent, Const) for lp in red)):
         return None
     box = tuple((lp.var, lp.lo.value, lp.extent.value) for lp in red) + ((axis, 0, extent),)
     if any(n <= 0 for _, _, n in box):
         return None
-    lo = c0 + sum(min(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in box)
-    hi = c0 + sum(max(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in box)
+    ranges = box + tuple((v, v.dom[0], v.dom[1]) for v in outer)
+    lo = c0 + sum(min(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in ranges)
+    hi = c0 + sum(max(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in ranges)
     return box if 0 <= lo and hi < a.buffer.size else None
 
 
@@ -66,7 +71,7 @@ def transposed_copies(nest: Nest, j: Var, accesses) -> list:
     for a in accesses:
         if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
             continue
-        box = _box(a, j, j_extent)
+        box = _box(a, j, j_extent, nest)
         if box is not None:
             seen.add((a.buffer, a.index))
             plan.append(Copy(a, box))
@@ -103,7 +108,7 @@ def panel_copies(nest: Nest, accesses, i: Var, j: Var, gathers, mr: int, width: 
             axis, size, tile = i, mr, tiles[1]
         else:
             continue
-        box = _box(a, axis, extents[axis])
+        box = _box(a, axis, extents[axis], nest)
         if box is None or prod(n for _, _, n in box) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes:
             continue
         in_place = substitute(_panel_index(box, size, tile), {tile: idx(0)})
