@@ -86,7 +86,10 @@ _LINEARIZE = {
 }
 
 
-@functools.lru_cache(maxsize=1 << 16)
+LINEAR_FORMS = 1 << 13          # linear forms remembered (by node) across builds
+
+
+@functools.lru_cache(maxsize=LINEAR_FORMS)
 def linearize(e) -> Linear:
     """The linear form of an integer expression over its atoms (memoised on the
     node: an index DAG is not unfolded into a tree; forms are never mutated)."""
@@ -376,12 +379,13 @@ def _positions(e, scope):
     return scope.with_vars(e.axes, [(const(lo, dt.INDEX), const(n, dt.INDEX)) for lo, n in e.doms])
 
 
-def check_tensor(t) -> None:
+def check_tensor(t, doms=None) -> None:
     """Raise IndexError unless every data-independent read in ``t``'s body is
-    in range (a tensor without elements reads nothing)."""
+    in range (a tensor without elements reads nothing); ``doms`` narrows
+    some axes (``{axis: (lo, extent)}``: a scan's step runs at times ``k ...``)."""
     if 0 in t.shape:
         return
-    stack = [(t.body, Scope.of_axes(t.axes, t.shape))]
+    stack = [(t.body, Scope({**Scope.of_axes(t.axes, t.shape).doms, **(doms or {})}))]
     seen = set()
     while stack:
         e, scope = stack.pop()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from te_autodiff.tensor import check_name
+
 from .cost import count_iterations
 from .fuse import fuse
 from .loop_ir import Program
@@ -40,6 +42,8 @@ def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Pro
 def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Lowered:
     target = resolve_target(target)                                          # 0. the CPU, once
     inputs, outputs, _ = validate(inputs, outputs)
+    if name is not None:
+        check_name(name, "te.build")
     plain = lower(inputs, outputs, name, store=store, recompute=recompute)   # 1. tensors -> loop IR
     scheduled = schedule_program(plain, target)                              # 2-3. fuse, schedule
     return Lowered(inputs, outputs, target, plain, scheduled)

@@ -1,7 +1,11 @@
-"""JIT compilation (MCJIT, for a :class:`~lowering.target.Target`), execution, and the callable :class:`Kernel`.
+"""Compilation for a :class:`~lowering.target.Target`, execution, and the callable :class:`Kernel`.
 
-Compiled programs are cached by their typed loop IR text and target, so
-building the same program twice in a process runs LLVM once.  A program
+LLVM optimises a program and generates its object code in a child process
+(``llvm_process``); the object code is linked into this process by one ORC
+JIT per target, as a library that is unloaded when the last kernel using it
+and the cache drop it.  Compiled programs are cached (``CACHE_SIZE``) by
+their typed loop IR text and target, so building the same program twice in
+a process runs LLVM once.  A program
 built for a CPU this machine cannot run (cross-compilation) is optimised and
 inspectable (``llvm_ir``, ``asm``) but not loaded; calling it raises
 ``RuntimeError``.  Stages run in order; a stage
@@ -23,6 +27,12 @@ Python per call: argument checks, one table of buffer addresses, the output
 allocations (aligned to ``Target.alignment``); temporaries live in one aligned block per
 kernel and thread, reused by later calls.
 
+A stage inside a scan's time loop forks and joins at every step, and on a
+busy machine every one of those waits for a descheduled thread: it is split
+only when one step of it is long (``STEP_PARALLEL_US``).  Without libgomp,
+the stages of a time loop run on one thread (``run_stages`` loops over them
+in one native call).
+
 Every element is computed by the same machine code whatever the chunking
 (stage entries are never inlined into their callers), so results are
 bit-identical for any thread count.
@@ -35,8 +45,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
+import math
 import os
-import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +58,8 @@ import numpy as np
 
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stage_buffers, stmt_exprs
-from .target import Target, host_target, initialise_llvm, target_machine
+from . import llvm_process
+from .target import Target, data_layout, host_target, initialise_llvm, target_machine
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
 PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
@@ -55,6 +67,8 @@ PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation cou
 PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs ~2 us)
 SERIAL_KERNEL_US = 64            # kernels estimated (_estimate_us) to take less than this on one
                                  # thread run on one thread
+STEP_PARALLEL_US = 200           # a stage of a scan's time loop estimated to take less than this per
+                                 # step on one thread runs on one thread
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p)
@@ -62,6 +76,8 @@ _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
 _lock = threading.Lock()
 _initialised = False
 _cache = OrderedDict()
+_jits = {}
+_libraries = itertools.count()
 _pool = None
 _threads = None
 
@@ -122,43 +138,13 @@ def _load_openmp():
             _openmp = False
 
 
-_MASKED = re.compile(r"llvm\.masked\.(?:load|store|gather|scatter|expandload|compressstore)\.v(\d+)([if])(\d+)")
-
-
-def _masked_wider_than(llvm_ir: str, vector_bytes: int) -> bool:
-    """Whether ``llvm_ir`` has a masked memory operation on data wider than ``vector_bytes``."""
-    return any(int(lanes) * int(bits) > 8 * vector_bytes for lanes, _, bits in _MASKED.findall(llvm_ir)
-               if int(bits) > 1)
-
-
-def _optimised(ir_text: str, tm, target: Target):
-    """``ir_text`` parsed and run through LLVM's -O3 pipeline for ``tm``.
-    The code te emits never has a masked memory operation wider than the
-    target's vectors, but LLVM's SLP vectoriser may make one of strided
-    scalar loads (a max pool's window in float64); type legalisation splits
-    it, where LLVM 22.1 can abort the process ("unknown LocationSize",
-    llvm-project issue 180251).  Such a module is optimised again without
-    the SLP vectoriser."""
-    for slp in (True, False):
-        module = llvm.parse_assembly(ir_text)
-        module.verify()
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = slp
-        pto.loop_unrolling = True
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(module, pb)
-        if not _masked_wider_than(str(module), target.vector_bytes):
-            break
-    return module
-
-
 @dataclass
 class Compiled:
-    """A JIT-compiled program: the engine (kept alive), one entry per stage,
-    and the optimised LLVM IR text."""
+    """A compiled program: its object code linked into this process (the
+    ``library`` keeps it loaded), one entry per stage, and the optimised
+    LLVM IR text."""
 
-    engine: object
+    library: object
     stages: list
     llvm_ir: str
     target: Target
@@ -171,15 +157,24 @@ class Compiled:
     def asm(self) -> str:
         """The machine code as assembly text for the target (made on first use)."""
         if self._asm is None:
-            module = llvm.parse_assembly(self.llvm_ir)
-            self._asm = target_machine(self.target).emit_assembly(module)
+            self._asm = llvm_process.run("assembly", self.llvm_ir, self.target.llvm_spec)
         return self._asm
+
+
+def _jit(target: Target):
+    """The JIT that links ``target``'s object code into this process (one per
+    target; a program's code is unloaded when its ``Compiled`` is dropped)."""
+    jit = _jits.get(target)
+    if jit is None:
+        jit = _jits[target] = llvm.create_lljit_compiler(target_machine(target))
+    return jit
 
 
 def compile_program(program: Program, target: Target) -> Compiled:
     """Compile ``program`` for ``target`` (cached by its structure and target):
-    LLVM IR (``codegen_llvm``), LLVM's optimisation pipeline, then machine code
-    loaded into this process, unless this machine cannot run it."""
+    LLVM IR (``codegen_llvm``), then LLVM's optimisation pipeline and code
+    generator (in a child process: ``llvm_process``), then the object code
+    linked into this process, unless this machine cannot run it."""
     key = (program.text(typed=True), target)
     with _lock:
         hit = _cache.get(key)
@@ -187,22 +182,25 @@ def compile_program(program: Program, target: Target) -> Compiled:
             _cache.move_to_end(key)
             return hit
         _initialise()
-        tm = target_machine(target)
         unrunnable = target.missing_on_host()
         openmp = _openmp and unrunnable is None
-        ir_module = emit_module(program, target, str(tm.target_data), openmp=openmp)
-        module = _optimised(str(ir_module), tm, target)
+        ir_text = str(emit_module(program, target, data_layout(target), openmp=openmp))
+        what = f"kernel '{program.name}' for {target.name}"
         if unrunnable is not None:
-            compiled = Compiled(None, [], str(module), target, unrunnable=unrunnable)
+            llvm_ir = llvm_process.run("optimise", ir_text, target.llvm_spec, target.vector_bytes, what=what)
+            compiled = Compiled(None, [], llvm_ir, target, unrunnable=unrunnable)
         else:
-            engine = llvm.create_mcjit_compiler(module, tm)
-            engine.finalize_object()
-            stages = [_STAGE_FN(engine.get_function_address(stage_symbol(n)))
-                      for n in range(len(program.stages))]
-            run = _RUN_FN(engine.get_function_address(RUN_STAGES))
-            compiled = Compiled(engine, stages, str(module), target, run, openmp)
+            llvm_ir, code = llvm_process.run("compile_object", ir_text, target.llvm_spec, target.vector_bytes,
+                                             what=what)
+            symbols = [stage_symbol(n) for n in range(len(program.stages))] + [RUN_STAGES]
+            builder = llvm.JITLibraryBuilder().add_object_img(code).add_current_process()
+            for symbol in symbols:
+                builder.export_symbol(symbol)
+            library = builder.link(_jit(target), f"{program.name}_{next(_libraries)}")
+            stages = [_STAGE_FN(library[symbol]) for symbol in symbols[:-1]]
+            compiled = Compiled(library, stages, llvm_ir, target, _RUN_FN(library[RUN_STAGES]), openmp)
         _cache[key] = compiled
-        if len(_cache) > CACHE_SIZE:        # kernels keep their own engine alive
+        if len(_cache) > CACHE_SIZE:        # kernels keep their own library loaded
             _cache.popitem(last=False)
         return compiled
 
@@ -210,11 +208,27 @@ def compile_program(program: Program, target: Target) -> Compiled:
 # ------------------------------------------------------------------- threads
 
 
+MAX_THREADS = 4096              # a thread count beyond this is a mistake (libgomp crashed at 100000)
+
+
+def _thread_count(value, source: str) -> int:
+    """``value`` (a number, or the text of ``TE_NUM_THREADS``) as a thread count, checked."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} must be a whole number of threads, got {value!r}") from None
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{source} must be between 1 and {MAX_THREADS} threads, got {n}")
+    return n
+
+
 def num_threads() -> int:
-    """Threads a large stage is split across (the calling thread included)."""
+    """Threads a large stage is split across (the calling thread included):
+    ``TE_NUM_THREADS`` if set (and not empty), else the machine's cores."""
     global _threads
     if _threads is None:
-        _threads = max(1, int(os.environ.get("TE_NUM_THREADS", host_target().threads)))
+        env = os.environ.get("TE_NUM_THREADS")
+        _threads = _thread_count(env, "TE_NUM_THREADS") if env else host_target().threads
     return _threads
 
 
@@ -225,7 +239,7 @@ def set_num_threads(n: int) -> None:
         if _pool is not None:
             _pool.shutdown(wait=True)
             _pool = None
-        _threads = max(1, int(n))
+        _threads = _thread_count(n, "set_num_threads")
 
 
 def _thread_pool():
@@ -294,7 +308,7 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
     """How each stage runs: a stage is split across threads when its root loop
     is parallel and it has enough work, in a kernel that is not small (see
     the module doc)."""
-    small = sum(_estimate_us(st) for st in program.stages) < SERIAL_KERNEL_US
+    small = sum(_estimate_us(st) * (st.step.extent if st.step else 1) for st in program.stages) < SERIAL_KERNEL_US
     threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK
     plans = []
     for stage, fn in zip(program.stages, compiled.stages):
@@ -302,6 +316,8 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
         parallel = isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const)
         extent = root.extent.value if parallel else 1
         split = not small and parallel and extent > 1 and _work(root) >= threshold
+        if stage.step is not None:          # a fork and a join at every step: only for long steps
+            split = split and _estimate_us(stage) >= STEP_PARALLEL_US
         plans.append(_StagePlan(fn, extent, split, chunk_align(stage)))
     return plans
 
@@ -319,15 +335,37 @@ def data_address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
+def beyond_memory(program: Program) -> str | None:
+    """Why the outputs and temporaries a call of ``program`` allocates cannot
+    fit in this machine's memory, naming the largest (None when they fit):
+    a kernel refuses such a call before allocating anything, rather than
+    fail inside numpy, or be killed by the kernel when the pages are touched."""
+    made = [b for b in program.buffers if b.kind != "input"]
+    total = sum(b.nbytes for b in made)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):       # not POSIX: let the allocation decide
+        return None
+    if total <= memory:
+        return None
+    big = max(made, key=lambda b: b.nbytes)
+    return (f"{'output' if big.kind == 'output' else 'temporary'} '{big.name}' of shape {big.shape} "
+            f"needs {big.nbytes / 2**30:.3g} GiB; the outputs and temporaries need {total / 2**30:.3g} GiB "
+            f"and this machine has {memory / 2**30:.3g} GiB of memory")
+
+
 def _aligned(shape, dtype, align: int):
     """An uninitialised C-contiguous array whose data starts on an
     ``align``-byte boundary, and that address."""
     dtype = np.dtype(dtype)
-    nbytes = dtype.itemsize
-    for n in shape:
-        nbytes *= n
+    return _fresh(dtype.itemsize * math.prod(shape), shape, dtype, align)
+
+
+def _fresh(nbytes: int, shape, dtype: np.dtype, align: int):
+    """``_aligned`` with the size and dtype worked out by the caller (a
+    kernel call allocates its outputs this way: 1 us each, not 3)."""
     raw = np.empty(nbytes + align, np.uint8)
-    base = data_address(raw)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(raw))
     offset = -base % align
     return np.ndarray(shape, dtype, raw, offset), base + offset
 
@@ -341,6 +379,12 @@ def execute(program: Program, compiled: Compiled, arrays: list) -> dict:
         if buf.kind != "input":
             storage[buf] = _aligned(buf.shape, buf.dtype, compiled.target.alignment)[0]
     table = (ctypes.c_void_p * len(program.buffers))(*(storage[b].ctypes.data for b in program.buffers))
+    if any(st.step is not None for st in program.stages):     # time loops: run_stages, on one thread
+        err = (ctypes.c_int64 * 2)()
+        compiled.run_stages(table, 0, len(plans), err, 1, (ctypes.c_int8 * len(plans))())
+        if err[0]:
+            _raise_check(program, err[0], err[1])
+        return storage
     threads = num_threads()
     for plan in plans:
         chunks = (_chunks(plan.extent, threads, plan.align) if plan.splittable and threads > 1
@@ -388,7 +432,8 @@ class _Runner:
         self.n = len(program.buffers)
         self.table_type = ctypes.c_void_p * self.n
         self.input_slots = [slot[b] for b in program.inputs]
-        self.outputs = [(slot[b], b.shape, np.dtype(b.dtype)) for b in program.buffers if b.kind == "output"]
+        self.outputs = [(slot[b], np.dtype(b.dtype).itemsize * math.prod(b.shape), b.shape, np.dtype(b.dtype))
+                        for b in program.buffers if b.kind == "output"]
         self.align = align = compiled.target.alignment
         offsets, total = [], 0
         for b in program.buffers:
@@ -403,6 +448,7 @@ class _Runner:
             fresh = b.kind == "output" and b not in returned
             returned.add(b)
             self.results.append((slot[b], fresh, b.shape, np.dtype(b.dtype)))
+        self.io_slots = self.input_slots + [k for k, *_ in self.outputs]
         self.steps_for = {}
 
     def steps(self, threads: int) -> list:
@@ -411,7 +457,8 @@ class _Runner:
         if steps is None:
             steps, start = [], 0
             for k, plan in enumerate(self.plans):
-                if plan.splittable and threads > 1:
+                # a scan's step runs inside run_stages' time loop, on one thread here
+                if plan.splittable and threads > 1 and self.program.stages[k].step is None:
                     if start < k:
                         steps.append((start, k))
                     steps.append((plan, _chunks(plan.extent, threads, plan.align)))
@@ -422,37 +469,52 @@ class _Runner:
         return steps
 
     def table(self):
-        """This thread's buffer table, the temporaries' slots filled in."""
-        table = getattr(self.local, "table", None)
+        """This thread's buffer table, the temporaries' slots filled in, and
+        its error slots (two per thread; the native code writes them only
+        when a check fails, so they are cleared after a failure, not per call)."""
+        local = self.local
+        table = getattr(local, "table", None)
         if table is None:
             block, base = _aligned((max(self.temp_bytes, 1),), np.uint8, self.align)
-            table = self.local.table = self.table_type()
+            table = local.table = self.table_type()
             for k, off in self.temp_offsets:
                 table[k] = base + off
-            self.local.block = block
-        return table
+            local.block = block
+            local.err = (ctypes.c_int64 * 2)()
+        return table, local.err
 
     def __call__(self, arrays):
-        table = self.table()
+        table, err = self.table()
+        arrays_by_slot = {}
         for k, a in zip(self.input_slots, arrays):
             table[k] = data_address(a)
-        arrays_by_slot = dict(zip(self.input_slots, arrays))
-        for k, shape, dtype in self.outputs:
-            arrays_by_slot[k], table[k] = _aligned(shape, dtype, self.align)
+            arrays_by_slot[k] = a
+        align = self.align
+        for k, nbytes, shape, dtype in self.outputs:
+            arrays_by_slot[k], table[k] = _fresh(nbytes, shape, dtype, align)
+        self.run(table, err)
+        return self.collect(arrays_by_slot)
+
+    def run_at(self, addresses):
+        """Run on memory the caller owns: the inputs' data addresses, then the outputs'."""
+        table, err = self.table()
+        for k, address in zip(self.io_slots, addresses):
+            table[k] = address
+        self.run(table, err)
+
+    def run(self, table, err):
+        """The native calls, ``table`` filled in; raises the first failed check."""
         threads = num_threads()
         if self.compiled.openmp and _gomp_team:         # the whole kernel in one native call
-            err = (ctypes.c_int64 * (2 * threads))()
+            if len(err) < 2 * threads:
+                err = self.local.err = (ctypes.c_int64 * (2 * threads))()
             self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads))
-            for t in range(threads):
-                if err[2 * t]:
-                    _raise_check(self.program, err[2 * t], err[2 * t + 1])
-            return self.collect(arrays_by_slot)
-        err = (ctypes.c_int64 * 2)()
+            self.raise_failed(err, threads)
+            return
         for step in self.steps(threads):
             if isinstance(step[0], int):
                 self.compiled.run_stages(table, step[0], step[1], err, 1, self.split_flags(1))
-                if err[0]:
-                    _raise_check(self.program, err[0], err[1])
+                self.raise_failed(err, 1)
             else:
                 plan, chunks = step
                 errors = (ctypes.c_int64 * (2 * len(chunks)))()
@@ -463,10 +525,16 @@ class _Runner:
                 plan.fn(table, chunks[0][0], chunks[0][1], address)
                 for f in futures:
                     f.result()
-                for c in range(len(chunks)):
-                    if errors[2 * c]:
-                        _raise_check(self.program, errors[2 * c], errors[2 * c + 1])
-        return self.collect(arrays_by_slot)
+                self.raise_failed(errors, len(chunks))
+
+    def raise_failed(self, err, slots: int):
+        """Raise the first failed check reported in ``err`` (``slots`` pairs),
+        clearing ``err`` for the next call."""
+        for t in range(slots):
+            if err[2 * t]:
+                code, index = err[2 * t], err[2 * t + 1]
+                ctypes.memset(err, 0, ctypes.sizeof(err))
+                _raise_check(self.program, code, index)
 
     def split_flags(self, threads: int):
         flags = self.steps_for.get(("flags", threads))
@@ -497,8 +565,9 @@ class Kernel:
 
     def __init__(self, program: Program, compiled: Compiled, inputs, outputs, lowered=None):
         self.name = program.name
-        self.inputs = list(inputs)
-        self.outputs = list(outputs)
+        self._inputs = tuple(inputs)            # read-only: the runner trusts them (see inputs)
+        self._dtypes = [np.dtype(t.dtype) for t in self._inputs]
+        self._outputs = tuple(outputs)
         self.target = compiled.target
         self.loop_ir = str(program if lowered is None else lowered)
         self.scheduled_ir = str(program)
@@ -508,8 +577,22 @@ class Kernel:
         if compiled.unrunnable is None:
             self._stages = plan_stages(program, compiled)
             self._run = _Runner(program, compiled, self._stages)
+            self._beyond_memory = beyond_memory(program)
+            if self._beyond_memory is not None:
+                self._run = self._refuse_memory
         else:
             self._run = self._refuse
+
+    @property
+    def inputs(self) -> list:
+        """The placeholders, in call order (a copy: a kernel whose argument
+        list could change would hand native code missing buffers)."""
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list:
+        """The tensors returned, in order (a copy)."""
+        return list(self._outputs)
 
     @property
     def asm(self) -> str:
@@ -520,17 +603,21 @@ class Kernel:
         raise RuntimeError(f"kernel '{self.name}' was built for target '{self.target.name}' "
                            f"({self.target.cpu}) and cannot run here: {self._compiled.unrunnable}")
 
+    def _refuse_memory(self, arrays):
+        raise MemoryError(f"kernel '{self.name}' cannot run here: {self._beyond_memory}")
+
     def _check(self, arrays) -> list:
-        if len(arrays) != len(self.inputs):
-            names = ", ".join(f"'{t.name}'" for t in self.inputs)
-            raise TypeError(f"kernel '{self.name}' takes {len(self.inputs)} array(s) ({names}), "
+        if len(arrays) != len(self._inputs):
+            names = ", ".join(f"'{t.name}'" for t in self._inputs)
+            raise TypeError(f"kernel '{self.name}' takes {len(self._inputs)} array(s) ({names}), "
                             f"got {len(arrays)}")
         out = []
-        for t, a in zip(self.inputs, arrays):
-            if not isinstance(a, np.ndarray):
+        for t, dtype, a in zip(self._inputs, self._dtypes, arrays):
+            if type(a) is not np.ndarray and (not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray)):
+                masked = " (a masked array: its mask would be ignored)" if isinstance(a, np.ndarray) else ""
                 raise TypeError(f"kernel '{self.name}': placeholder '{t.name}' needs a numpy.ndarray, "
-                                f"got {type(a).__name__}")
-            if a.dtype != np.dtype(t.dtype):
+                                f"got {type(a).__name__}{masked}")
+            if a.dtype != dtype:
                 raise TypeError(f"kernel '{self.name}': placeholder '{t.name}' has dtype {t.dtype}, "
                                 f"got an array of dtype {a.dtype}")
             if a.shape != t.shape:
@@ -541,6 +628,31 @@ class Kernel:
 
     def __call__(self, *arrays):
         return self._run(self._check(arrays))
+
+    @property
+    def output_layout(self) -> list:
+        """``(shape, numpy dtype)`` of each array the kernel writes, in ``call_at`` order."""
+        return [(shape, dtype) for _, _, shape, dtype in self._run.outputs]
+
+    @property
+    def result_sources(self) -> list:
+        """For each result, ``(from_input, index, fresh)``: the input or the
+        ``output_layout`` entry it is, and whether it may be returned as is
+        (otherwise it is returned as a copy: an input, or an array returned twice)."""
+        inputs, outputs = self._run.input_slots, [k for k, *_ in self._run.outputs]
+        return [(k in inputs, inputs.index(k) if k in inputs else outputs.index(k), fresh)
+                for k, fresh, _, _ in self._run.results]
+
+    def call_at(self, addresses) -> None:
+        """Run on memory the caller owns, checking nothing: ``addresses`` are
+        the data of C-contiguous arrays, one per input placeholder (its shape
+        and dtype), then one per ``output_layout`` entry (aligned to
+        ``target.alignment`` bytes).  For wrappers that checked their
+        arguments already (``te_autodiff.torch``): it skips numpy and the
+        checks of a call (a wrong address is a crash, not an exception)."""
+        if self._compiled.unrunnable is not None:
+            self._refuse(addresses)
+        self._run.run_at(addresses)
 
     def __repr__(self):
         ins = ", ".join(t.name for t in self.inputs)

@@ -104,6 +104,11 @@ class Target:
     host: bool = field(default=False, compare=False)
 
     @property
+    def llvm_spec(self) -> tuple:
+        """``(triple, cpu, features)``: what LLVM needs to make a target machine."""
+        return self.triple, self.cpu, self.llvm_features
+
+    @property
     def arch(self) -> str:
         return self.triple.split("-", 1)[0]
 
@@ -247,14 +252,19 @@ def target(name=None) -> Target:
     A :class:`Target` is returned as it is.  An unknown name raises ``ValueError``."""
     if isinstance(name, Target):
         return name
-    if name is None:
+    from_env = name is None
+    if from_env:
         name = os.environ.get("TE_TARGET") or "host"
     if not isinstance(name, str):
         raise TypeError(f"target must be a CPU name or a te.Target, got {type(name).__name__}")
+    name = name.strip()
     if name == "host":
         return host_target()
     initialise_llvm()
-    return _named(name.strip())
+    try:
+        return _named(name)
+    except ValueError as e:
+        raise ValueError(f"TE_TARGET: {e}" if from_env else str(e)) from None
 
 
 @lru_cache(maxsize=None)
@@ -266,4 +276,10 @@ def target_machine(t: Target):
     """A new LLVM target machine for ``t`` (a JIT engine takes ownership of
     the one it is given, so each engine gets its own)."""
     initialise_llvm()
-    return _llvm_target(t.triple).create_target_machine(cpu=t.cpu, features=t.llvm_features, opt=3)
+    return _llvm_target(t.triple).create_target_machine(*t.llvm_spec[1:], opt=3)
+
+
+@lru_cache(maxsize=None)
+def data_layout(t: Target) -> str:
+    """LLVM's data layout string for ``t`` (the emitted modules declare it)."""
+    return str(target_machine(t).target_data)

@@ -18,7 +18,7 @@ import weakref
 from . import dtype as dt
 from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
                    is_const, logic_and, power, select, unary)
-from .visit import children, topo_order
+from .visit import children, conjuncts, topo_order
 
 
 def _zero(like):
@@ -71,7 +71,7 @@ RULES = {
 }
 
 
-def _peel_guards(g):
+def peel_guards(g):
     """``(c, g')`` with ``g == select(c, g', 0)``, or ``(None, g)``."""
     conds = []
     while isinstance(g, Select) and is_const(g.b, 0):
@@ -117,15 +117,42 @@ def load_adjoints(root, seed, wanted) -> dict:
             continue
         # a guarded adjoint select(c, g', 0) keeps its guard around whatever the
         # rule multiplies it with: the factors may read out of range where c fails
-        guard, g = _peel_guards(g)
+        guard, g = peel_guards(g)
         for child, contrib in zip(children(node), rule(node, g)):
             if contrib is None or child not in active:
                 continue
             if guard is not None:
                 contrib = select(guard, contrib, _zero(contrib))
             prev = adj.get(child)
-            adj[child] = contrib if prev is None else prev + contrib
+            adj[child] = contrib if prev is None else _add_guarded(prev, contrib)
     return out
+
+
+def _conditions(g):
+    """``(conjuncts, g')`` with ``g == select(all(conjuncts), g', 0)``."""
+    conds = []
+    while isinstance(g, Select) and is_const(g.b, 0):
+        conds.append(g.cond)
+        g = g.a
+    return conjuncts(conds), g
+
+
+def _add_guarded(a, b):
+    """``a + b`` with the guard conjuncts both adjoints share kept outermost:
+    ``select(c and p, x, 0) + select(c and q, y, 0) = select(c, select(p, x,
+    0) + select(q, y, 0), 0)``, so that the rules applied to the sum still
+    see ``c`` (their factors may read out of range where it fails)."""
+    ca, xa = _conditions(a)
+    cb, xb = _conditions(b)
+    common = [c for c in ca if c in cb]
+    if not common:
+        return a + b
+
+    def rest(conds, x):
+        others = [c for c in conds if c not in common]
+        return select(all_(*others), x, _zero(x)) if others else x
+    total = rest(ca, xa) + rest(cb, xb)
+    return select(all_(*common), total, _zero(total))
 
 
 # ------------------------------------------------------------ reductions

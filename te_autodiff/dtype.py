@@ -30,7 +30,7 @@ def canonical(dtype) -> str:
     if isinstance(dtype, str) and dtype in _RANK:
         return dtype
     try:
-        name = np.dtype(dtype).name
+        name = None if dtype is None else np.dtype(dtype).name     # numpy reads None as float64
     except TypeError:
         name = None
     if name not in _RANK:

@@ -146,10 +146,12 @@ def _sides(c):
 
 
 class _Sum:
-    """A sum ``Σ_{axes in doms} [all(conds)] · body`` being rewritten."""
+    """A sum ``Σ_{axes in doms} [all(conds)] · body`` being rewritten, used
+    only where the conditions ``outer`` on the outer variables hold."""
 
-    def __init__(self, axes, doms, body, conds):
+    def __init__(self, axes, doms, body, conds, outer=()):
         self.axes, self.doms, self.body, self.conds = list(axes), list(doms), body, list(conds)
+        self.outer = list(outer)
 
     def replace(self, mapping: dict, drop, new_axes=(), new_doms=()):
         """Substitute ``mapping`` everywhere, drop the axes ``drop`` and put
@@ -173,9 +175,12 @@ class _Sum:
                     continue
                 first, ext = self.doms[self.axes.index(s)]
                 e = cast(dt.INDEX, e)
+                at = self.conds.index(c)
                 self.conds.remove(c)
                 self.replace({s: e}, {s})
-                self.conds.append(all_(e >= first, e < first + ext))
+                # in the equality's place: after the conditions that keep e's
+                # reads in range, before those that may read where s must be
+                self.conds.insert(at, all_(e >= first, e < first + ext))
                 return True
         return False
 
@@ -199,7 +204,16 @@ class _Sum:
                 lo, count = v.dom
                 row = tuple(b - b.dom[0] for b in batch)
                 self.conds.remove(c)
-                if self.scatter(v, key, positions, doms, batch, row):
+                # the keyed tensor has a row for every batch value and a key at
+                # every position, but the sum reads only those where the outer
+                # conditions and its own conditions on them hold: elsewhere the
+                # key may read out of range, and becomes lo - 1, matching nothing
+                rows = [g for g in self.outer + self.conds if free_vars(g) and free_vars(g) <= set(batch)]
+                valid = rows + [g for g in self.conds
+                                if free_vars(g) & set(positions) and free_vars(g) <= set(batch) | set(positions)]
+                if valid:
+                    key = select(all_(*valid), key, const(lo - 1, key.dtype))
+                if self.scatter(v, key, positions, doms, batch, row, rows):
                     return True
                 inv = inverse_index(key, positions, doms, batch, lo, count)
                 start, end = cast(dt.INDEX, inv[row + (v - lo,)]), cast(dt.INDEX, inv[row + (v - lo + 1,)])
@@ -212,13 +226,15 @@ class _Sum:
                 return True
         return False
 
-    def scatter(self, v, key, positions, doms, batch, row) -> bool:
+    def scatter(self, v, key, positions, doms, batch, row, rows) -> bool:
         """When the sum runs over the key's positions alone and depends on no
         outer variable but ``v`` and the batch (each batch row owns a whole
         row of the result), it is one element of a :func:`match_sum` tensor:
-        no sort, each row's positions added in order at their keys."""
+        no sort, each row's positions added in order at their keys.  The
+        value is computed only in the batch rows where ``rows`` hold (the
+        others are never read, and their reads may be out of range)."""
         inner = [c for c in self.conds if free_vars(c) & set(self.axes)]
-        value = select(all_(*inner), self.body, const(0, self.body.dtype)) if inner else self.body
+        value = select(all_(*rows, *inner), self.body, const(0, self.body.dtype)) if rows or inner else self.body
         owners = (free_vars(value) | free_vars(key)) - set(self.axes)
         if len(positions) != len(self.axes) or v in free_vars(value) or not owners - {v} <= set(batch):
             return False
@@ -231,11 +247,12 @@ class _Sum:
         return True
 
 
-def solve_data_equalities(axes, doms, body, conds):
-    """Rewrite ``Σ_{axes in doms} [all(conds)] · body`` so that no equality in
-    ``conds`` that reads tensor data is tested at every point of the sum (see
-    the module doc).  Returns the new ``(axes, doms, body, conds)``."""
-    s = _Sum(axes, doms, body, conds)
+def solve_data_equalities(axes, doms, body, conds, outer=()):
+    """Rewrite ``Σ_{axes in doms} [all(conds)] · body``, used where ``outer``
+    holds, so that no equality in ``conds`` that reads tensor data is tested
+    at every point of the sum (see the module doc).  Returns the new
+    ``(axes, doms, body, conds)``."""
+    s = _Sum(axes, doms, body, conds, outer)
     while s.point() or s.invert():
         pass
     return s.axes, s.doms, s.body, s.conds

@@ -32,6 +32,7 @@ def op(inputs, outputs, name=None):
     v = VJP(inputs, outputs, name, "te_autodiff.jax.op")
     out_shapes = [jax.ShapeDtypeStruct(y.shape, np.dtype(y.dtype)) for y in v.outputs]
     grad_shapes = [jax.ShapeDtypeStruct(v.inputs[k].shape, np.dtype(v.inputs[k].dtype)) for k in v.float_inputs]
+    wide = next((y for y in v.inputs + v.outputs if np.dtype(y.dtype).itemsize == 8), None)   # needs x64
 
     def run_forward(*xs):
         return _tuple(v.forward(*(np.asarray(x) for x in xs)), len(v.outputs))
@@ -60,7 +61,13 @@ def op(inputs, outputs, name=None):
         if len(arrays) != len(v.inputs):
             raise TypeError(f"te op '{v.name}' takes {len(v.inputs)} arrays "
                             f"({', '.join(x.name for x in v.inputs)}), got {len(arrays)}")
+        if wide is not None and not jax.config.jax_enable_x64:
+            raise TypeError(f"te op '{v.name}': '{wide.name}' is {wide.dtype}, which JAX supports only "
+                            "with jax_enable_x64")
         for a, x in zip(arrays, v.inputs):
+            if not isinstance(a, (jax.Array, np.ndarray)):
+                raise TypeError(f"te op '{v.name}': input '{x.name}' must be a JAX or numpy array, "
+                                f"got {type(a).__name__}")
             if tuple(a.shape) != x.shape:
                 raise ValueError(f"te op '{v.name}': input '{x.name}' has shape {tuple(a.shape)}, "
                                  f"expected {x.shape}")

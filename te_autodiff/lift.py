@@ -19,7 +19,7 @@ import weakref
 
 from .expr import Reduce, Select, all_, const, identity_of, logic_not, select, var
 from .tensor import Tensor
-from .visit import children, free_vars, rebuild, substitute
+from .visit import children, conjuncts, free_vars, rebuild, substitute
 
 _LIFTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _SELF = object()                # the value of a tensor that is its own normal form
@@ -85,8 +85,10 @@ class _Lifter:
         return out
 
     def lift(self, r: Reduce, guards):
-        """A new tensor ``L[v...] = guard ? r : 0`` over the free variables of ``r``."""
-        fv = free_vars(r)
+        """A new tensor ``L[v...] = guard ? r : 0`` over the free variables of
+        ``r`` and those of the guards' conjuncts that bound them."""
+        conds = conjuncts(guards)
+        fv = _bounding(free_vars(r), conds)
         axes_old = [v for v in self.t.axes if v in fv]
         axes_old += sorted((v for v in fv if v not in self.t.axes), key=lambda v: v.uid)
         shape, axes_new, rename, reads = [], [], {}, []
@@ -102,7 +104,7 @@ class _Lifter:
             reads.append(v - lo)
         # the guards move into the reduction's body (where they do not hold the
         # value is never read), so the lifted tensor stays in normal form
-        keep = [g for g in guards if free_vars(g) <= fv]
+        keep = [g for g in conds if free_vars(g) <= fv]
         if keep:
             idle = const(identity_of(r.op, r.body.dtype), r.body.dtype)
             r = Reduce(r.op, select(all_(*keep), r.body, idle), r.axes, r.doms)
@@ -111,6 +113,23 @@ class _Lifter:
         lt = Tensor(f"{self.t.name}.r{self.count}", tuple(shape), body.dtype, tuple(axes_new), body)
         _PARTS.add(lt)
         return lt[tuple(reads)]
+
+
+def _bounding(fv: set, conds) -> set:
+    """``fv`` and the variables of the conditions that bound them: a condition
+    on ``i`` and ``j`` (``j <= i``, with ``i <= 0`` elsewhere) bounds ``j`` only
+    together with ``i``, so a tensor over ``j`` alone would compute points
+    the program never reads (and read out of range there).  Variables
+    without a fixed range cannot be axes and are left out."""
+    fv, grew = set(fv), True
+    while grew:
+        grew = False
+        for c in conds:
+            cv = free_vars(c)
+            if cv & fv and not cv <= fv and all(v.dom is not None for v in cv):
+                fv |= cv
+                grew = True
+    return fv
 
 
 def _in_dom(ax, dom):

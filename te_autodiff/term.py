@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .expr import Expr, all_, const, equal, reduce, select, var
+from .expr import BinOp, Cast, Const, Expr, Load, Select, Var, all_, const, equal, is_const, reduce, select, var
+from .visit import topo_order
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,56 @@ class Term:
 
 
 def naive(term: Term) -> Expr:
-    """The sum of ``term`` over its whole domain, zeros included."""
+    """The sum of ``term`` over its whole domain, zeros included.  A guarded
+    value's condition is tested before the indices, which may read data
+    defined only where it holds."""
     hit = all_(*(equal(v, ix) for v, ix in zip(term.eq_vars, term.indices)))
+    if isinstance(term.value, Select) and is_const(term.value.b, 0):
+        hit = all_(term.value.cond, hit)
     return reduce("sum", select(hit, term.value, const(0, term.dtype)), term.sum_axes, term.sum_doms)
+
+
+def read_guards(indices) -> list:
+    """Conditions keeping in range the tensor reads inside ``indices`` (a key
+    read from data, ``J[k - 1]``) whose indices may leave their tensor over
+    their variables' ranges, inner reads first.  A term's summand is zero
+    where they fail (the program never read there); as its guard they keep
+    zero elimination and the naive sum from reading there."""
+    conds = []
+    for node in topo_order(list(indices)):
+        if isinstance(node, Load):
+            for e, n in zip(node.indices, node.tensor.shape):
+                lo, hi = _range(e)
+                if lo is None or lo < 0:
+                    conds.append(e >= 0)
+                if hi is None or hi >= n:
+                    conds.append(e < n)
+    return conds
+
+
+def _range(e) -> tuple:
+    """``(lo, hi)`` of an integer index expression over its variables' ranges (None: unknown)."""
+    if isinstance(e, Const):
+        return e.value, e.value
+    if isinstance(e, Var):
+        return (None, None) if e.dom is None else (e.dom[0], e.dom[0] + e.dom[1] - 1)
+    if isinstance(e, Cast):
+        return _range(e.a)
+    if not isinstance(e, BinOp):
+        return None, None
+    (a0, a1), (b0, b1) = _range(e.a), _range(e.b)
+    if None in (a0, a1, b0, b1):
+        return None, None
+    if e.op == "add":
+        return a0 + b0, a1 + b1
+    if e.op == "sub":
+        return a0 - b1, a1 - b0
+    if e.op == "mul":
+        corners = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+        return min(corners), max(corners)
+    if e.op in ("floordiv", "mod") and b0 == b1 and b0 > 0:
+        return (a0 // b0, a1 // b0) if e.op == "floordiv" else (0, b0 - 1)
+    return None, None
 
 
 def fresh_copy(axes: tuple, prefix: str = "") -> dict:

@@ -121,6 +121,18 @@ def free_vars(e: Expr) -> set:
     return used - bound
 
 
+def conjuncts(conds) -> list:
+    """The conjuncts of the conditions ``conds``, in order (``a and b`` gives ``a``, ``b``)."""
+    out, stack = [], list(reversed(conds))
+    while stack:
+        c = stack.pop()
+        if isinstance(c, Logic) and c.op == "and":
+            stack += [c.b, c.a]
+        else:
+            out.append(c)
+    return out
+
+
 def count_nodes(roots) -> int:
     """Number of distinct nodes (the DAG size)."""
     return len(topo_order(roots))

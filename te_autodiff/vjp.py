@@ -31,6 +31,8 @@ class VJP:
         from . import build
         self.inputs = _tensors(inputs, f"{who}: inputs")
         self.outputs = _tensors(outputs, f"{who}: outputs")
+        if not self.outputs:
+            raise ValueError(f"{who}: no outputs given")
         self.single = not isinstance(outputs, (list, tuple))
         self.name = name or self.outputs[0].name
         self.forward = build(self.inputs, self.outputs, name=self.name)
@@ -42,6 +44,8 @@ class VJP:
     @property
     def backward(self):
         """The kernel ``(*inputs, *heads) -> grads of the float inputs``."""
+        if self._backward is not None:
+            return self._backward
         with self._lock:
             if self._backward is None:
                 from . import build

@@ -36,8 +36,8 @@ from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, com
                    floordiv, is_const, logic_not, maximum, minimum, mod, mul, neg, reduce, select, var)
 from .inverse_index import solve_data_equalities
 from .pretty import expr_str
-from .term import Term
-from .visit import children, free_vars, rebuild, substitute
+from .term import Term, naive
+from .visit import children, conjuncts, free_vars, rebuild, substitute
 
 log = logging.getLogger("te_autodiff.zero_elim")
 
@@ -97,12 +97,6 @@ def _split(e, memo=None):
 def _linear_unary(e) -> bool:
     """Unary nodes with f(0) == 0 that a zero factor passes through."""
     return isinstance(e, Cast) or e.op == "neg"
-
-
-def _conjuncts(c):
-    if isinstance(c, Logic) and c.op == "and":
-        return _conjuncts(c.a) + _conjuncts(c.b)
-    return [c]
 
 
 _FLIP_SIDES = {"ge": "le", "eq": "eq"}
@@ -185,26 +179,32 @@ class _Gather:
         for s, (lo, ext) in zip(t.sum_axes, t.sum_doms):
             lo_l, hi_l = self.lin(lo), self.lin(lo + ext - 1)
             if lo_l is None or hi_l is None:
+                if s.dom is None:       # a range neither affine nor fixed: nothing to bound it by
+                    log.info("zero elimination keeps a sum over %s in %s as written", s.name,
+                             expr_str(lo))
+                    return naive(t)
                 residual.append(all_(s >= lo, s < lo + ext))
                 lo_l, hi_l = (LinearExpr.const(s.dom[0]), LinearExpr.const(s.dom[0] + s.dom[1] - 1))
             ineqs += [LinearExpr.var(s) - lo_l, hi_l - LinearExpr.var(s)]
+        data_eqs = []
         for v, ix in zip(t.eq_vars, t.indices):
             ix_l = self.lin(ix)
             if ix_l is None:
                 # not affine (e.g. read from a tensor): left to solve_data_equalities
                 log.info("zero elimination cannot solve index %s (not affine) over the integers",
                          expr_str(ix))
-                residual.append(compare("eq", v, ix))
+                data_eqs.append(compare("eq", v, ix))
             else:
                 eqs.append(LinearExpr.var(v) - ix_l)
         conds, core = _split(t.value)
-        for c in (p for cond in conds for p in _conjuncts(cond)):
+        for c in conjuncts(conds):
             form = self.lin.condition(c)
             if form is None:
                 residual.append(c)
             else:
                 eqs += form[0]
                 ineqs += form[1]
+        residual += data_eqs        # after the value's guards, which may keep their reads in range
         ineqs += self.lin.constraints
         unknowns = list(t.sum_axes) + list(self.lin.quotients.values())
         sol = solve_equations(eqs, unknowns)
@@ -226,9 +226,15 @@ class _Gather:
                                         inequalities=ineqs)):
                 raise RuntimeError(f"zero elimination lost the bounds of a summation variable:\n{fm}")
             return zero
-        guards += [self.nonneg(r) for r in fm.remaining if not is_implied(r, context)]
+        kept = [r for r in fm.remaining if not is_implied(r, context)]
+        if kept and all(v in context.ranges for r in kept for v in r.vars) and not is_feasible(
+                LinearSystem(ranges=context.ranges, equalities=context.equalities, inequalities=kept)):
+            return zero         # no point of the outer ranges meets the guards (a dead select branch)
+        guards += [self.nonneg(r) for r in kept]
         values = {u: self.to_te(e) for u, e in sol.values.items() if isinstance(u, Var)}
-        conds = [substitute(c, values) for c in residual]
+        # the points' own conditions first: the residual conditions may read at
+        # indices that are in range only where they hold
+        conds, residual = [], [substitute(c, values) for c in residual]
         outer = context         # what holds of the variables outside the current one
         axes, doms, point = [], [], {}
         for b in fm.bounds:
@@ -251,7 +257,8 @@ class _Gather:
             axes.append(z)
             doms.append((substitute(lo, point), substitute(hi - lo + 1, point)))
         axes, doms, core, conds = solve_data_equalities(
-            axes, doms, substitute(substitute(core, values), point), [substitute(c, point) for c in conds])
+            axes, doms, substitute(substitute(core, values), point), [substitute(c, point) for c in conds + residual],
+            guards)
         invariant, body = _factor_out(core, set(axes))
         inner = []
         for c in conds:

@@ -19,3 +19,13 @@ def test_benchmark_quick_run(tmp_path):
     assert te_run and te_run[0]["status"] == "ok", te_run
     assert te_run[0]["correct"] and te_run[0]["deterministic"]
     assert te_run[0]["median_ms"] > 0
+
+
+def test_overhead_benchmark_runs():
+    """``python -m benchmarks.overhead`` times every variant it can (a few calls each)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--rounds", "1", "--calls", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "µs" not in line]
+    assert any(line.startswith("| te kernels alone") for line in rows), done.stdout
+    assert all(float(line.rsplit("|", 2)[1]) > 0 for line in rows), done.stdout

@@ -120,3 +120,82 @@ def test_tensors_and_kernels_are_freed_when_dropped():
     del X, Y, dX, f
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+_MEMORY = textwrap.dedent("""
+    import ctypes, gc, os
+    import numpy as np
+    import te_autodiff as te
+
+    def rss_mb():
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)     # return freed heap pages, as a long run would reuse them
+        except (OSError, AttributeError):
+            pass
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def kernel(n):                      # the issue's probe: exp(X[i]) * c, a new program for every n
+        X = te.placeholder((n,), name="X")
+        f = te.build([X], [te.compute((n,), lambda i: te.exp(X[i]) * 3.0, name="Y")])
+        assert np.allclose(f(np.ones(n, "float32")), 3 * np.e)
+        return f
+
+    for n in range(8, 108):
+        kernel(n)
+    first = rss_mb()
+    alive = [kernel(n) for n in range(108, 208)]
+    per_kernel = (rss_mb() - first) / len(alive)
+    del alive
+    for n in range(208, 1108):
+        kernel(n)
+    print(f"{per_kernel:.4f} {rss_mb() - first:.2f}")
+""")
+
+
+@pytest.mark.memory
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_memory_is_bounded_over_a_thousand_kernels(tmp_path):
+    """After the first 100 kernels, 1,000 more distinct ones (100 of them held
+    alive at once, then dropped) add at most 30 MB to the process, and a live
+    small kernel costs well under 1 MB (measured in a child process)."""
+    script = tmp_path / "memory.py"
+    script.write_text(_MEMORY)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    per_kernel, growth = (float(v) for v in done.stdout.split())
+    assert per_kernel < 0.25, f"a live small kernel costs {per_kernel:.3f} MB"
+    assert growth <= 30, f"1000 kernels after the first 100 added {growth:.1f} MB"
+
+
+def _kernel(n):
+    X = te.placeholder((n,), name="X")
+    return te.build([X], [te.compute((n,), lambda i: X[i] * 2.0 + 1.0, name="Y")])
+
+
+def test_an_llvm_crash_is_an_exception_and_the_next_build_works(monkeypatch):
+    """LLVM runs in a child process (``lowering/llvm_process.py``): when it
+    dies (here: killed, as an LLVM assertion would abort it) the build raises
+    RuntimeError naming the kernel, and the next build starts a new child;
+    a child is also replaced after ``RESTART_AFTER`` requests."""
+    import os
+    import signal
+
+    from lowering import llvm_process
+    if llvm_process._in_process:
+        pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
+    _kernel(1001)
+    first = llvm_process._child.process
+    os.kill(first.pid, signal.SIGABRT)
+    first.wait(timeout=30)
+    with pytest.raises(RuntimeError, match=r"LLVM crashed while compiling kernel 'Y'.*exit status -6"):
+        _kernel(1002)
+    assert np.array_equal(_kernel(1003)(np.ones(1003, "float32")), np.full(1003, 3, "float32"))
+    second = llvm_process._child.process
+    assert second.pid != first.pid
+    monkeypatch.setattr(llvm_process, "RESTART_AFTER", llvm_process._child.served + 1)
+    _kernel(1004)
+    assert llvm_process._child is None and second.wait(timeout=30) == 0     # replaced on the next build
+    _kernel(1005)
+    assert llvm_process._child.process.pid not in (first.pid, second.pid)

@@ -1,0 +1,373 @@
+"""Differential fuzzing against PyTorch (the ``fuzz`` package), and the bugs it found.
+
+* 300 random programs (exploration seed 13), each built by te (forward,
+  gradients, sometimes second-order gradients: one kernel) and run by
+  ``torch.autograd`` on the same float64 data, in child processes: every
+  output agrees, every bad argument is refused naming its placeholder, NaN
+  and inf inputs compute and do not leak into values torch finds finite,
+  and nothing crashes or hangs.
+* The runner itself: an abort or a hang in a child is the failure of the
+  program it was running, and the rest of the batch still runs.
+* The checks can fail: a kernel that accepts anything fails the bad-argument
+  check, a wrong value fails the comparison.
+* Shapes far beyond memory (and beyond int64 bytes) are refused with a
+  MemoryError or ValueError naming the tensor, each in a child process.
+* Regressions: fixed programs that te refused (IndexError at ``te.build`` or
+  at the call) though the forward program never reads out of range, compared
+  with torch.  Each was found by the fuzzer; ``python -m fuzz`` explores more.
+"""
+import numpy as np
+import pytest
+import torch
+
+import te_autodiff as te
+from fuzz.bad_inputs import bad_input_failures, huge_extent_failures
+from fuzz.check import compare
+from fuzz.runner import program_seeds, run, run_batch
+from fuzz.torch_ops import ax, cread, float64_default, grad, red
+
+SEED, PROGRAMS = 13, 300
+F64 = "float64"
+
+
+def test_random_programs_agree_with_torch():
+    summary = run(program_seeds(SEED, PROGRAMS), jobs=2, batch=PROGRAMS // 2, timeout=120)
+    assert summary.count == PROGRAMS
+    assert not summary.failures, "\n".join(summary.report(r) for r in summary.failures[:3])
+    covered = {"second:squares", "second:head", "reduce:max", "reduce:min", "reduce:prod", "reduce:nested",
+               "index:data", "data:gather", "data:nested_key", "guard:outer", "index:reshape", "batch:empty",
+               "select:data", "pow:expr", "nonfinite", "shared:expr"}
+    assert not covered - set(summary.features), f"never generated: {covered - set(summary.features)}"
+
+
+def test_a_crash_or_hang_is_the_failure_of_its_program(monkeypatch):
+    seeds = program_seeds(SEED, 4)
+    monkeypatch.setenv("FUZZ_FAULT", f"{seeds[1]}:abort,{seeds[2]}:hang")
+    records = {r["seed"]: r for r in run_batch(seeds, timeout=5)}
+    assert [records[s]["status"] for s in seeds] == ["ok", "crash", "hang", "ok"]
+    assert "exit code -6" in records[seeds[1]]["detail"]            # SIGABRT, confirmed alone
+
+
+def _kernel():
+    A = te.placeholder((3, 4), F64, "Alpha")
+    B = te.placeholder((4,), "int32", "Beta")
+    C = te.compute((3, 4), lambda i, j: A[i, j] * 2.0 + B[j].astype(F64), name="C")
+    arrays = [np.ones((3, 4)), np.arange(4, dtype=np.int32)]
+    kernel = te.build([A, B], [C])
+    return kernel, arrays, [kernel(*arrays)]
+
+
+def test_bad_arguments_are_refused_naming_the_placeholder():
+    kernel, arrays, good = _kernel()
+    for seed in range(5):
+        assert bad_input_failures(kernel, arrays, good, np.random.default_rng(seed)) == []
+
+
+def test_the_bad_argument_check_catches_a_kernel_that_accepts_anything():
+    kernel, arrays, good = _kernel()
+
+    class Permissive:
+        inputs = kernel.inputs
+
+        def __call__(self, *args):
+            return good[0]
+
+    failures = bad_input_failures(Permissive(), arrays, good, np.random.default_rng(0))
+    assert len(failures) == 2 + 3 * len(arrays) and all(f.endswith("accepted") for f in failures)
+
+
+def test_the_comparison_catches_a_wrong_value_and_a_leaked_nan():
+    want = np.array([1.0, np.nan, np.inf, 2.0])
+    assert compare(["Y"], [want.copy()], [want], nonfinite=True) is None
+    assert "Y[0]" in compare(["Y"], [want + [1e-6, 0, 0, 0]], [want], nonfinite=True)
+    assert "Y[3]" in compare(["Y"], [np.array([1.0, np.nan, np.inf, np.nan])], [want], nonfinite=True)
+    assert "not finite" in compare(["Y"], [want], [want])
+
+
+def test_nan_and_inf_propagate_as_in_torch():
+    X = te.placeholder((6,), F64, "X")
+    k = te.reduce_axis(6, "k")
+    Y = te.compute((6,), lambda i: te.exp(te.tanh(X[i])) * te.log(X[i] * X[i] + 1.0) / te.sqrt(X[i] * X[i] + 0.5)
+                   + te.sum(te.sigmoid(X[k]) * X[i], axis=k), name="Y")
+    (dX,) = te.gradient(Y, [X])
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, 1.5, -2.0])
+    got = te.build([X], [Y, dX])(x)
+    t = torch.tensor(x, requires_grad=True)
+    y = torch.exp(torch.tanh(t)) * torch.log(t * t + 1) / torch.sqrt(t * t + 0.5) + (torch.sigmoid(t).sum() * t)
+    want = [y.detach().numpy(), grad(y, [t])[0].numpy()]
+    assert compare(["Y", "dX"], list(got), want, nonfinite=True) is None
+    # nothing here folds or reassociates a NaN away: the same elements are not finite
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(w))
+
+
+def test_huge_extents_are_refused_cleanly():
+    assert huge_extent_failures() == []
+
+
+# --------------------------------------------------------------------------- regressions
+
+
+def _agree(inputs, outputs, reference, arrays):
+    """te's kernel and ``reference`` (torch, float inputs requiring grad) give the same outputs."""
+    got = te.build(inputs, outputs)(*arrays)
+    got = list(got) if isinstance(got, tuple) else [got]
+    tensors = [torch.tensor(a, requires_grad=a.dtype == np.float64) for a in arrays]
+    with float64_default():
+        want = [w.detach().numpy() for w in reference(*tensors)]
+    assert compare([t.name for t in outputs], got, want) is None
+
+
+rng = np.random.default_rng(13)
+
+
+def test_second_order_through_a_guarded_key():
+    """The adjoint's coefficient was the stored value of the first gradient
+    (``exp``'s derivative is itself), which swallowed the guard ``o1 >= 0``
+    protecting the key ``J[i1 - i0]``: ``te.build`` raised IndexError."""
+    T = te.placeholder((3, 1, 2), F64, "T")
+    J = te.placeholder((3,), "int64", "J")
+    H = te.placeholder((4, 3), F64, "H")
+    K = te.placeholder((3, 1, 2), F64, "K")
+    Y = te.compute((4, 3), lambda a, b: te.if_then_else(te.any(a >= 3, a + b >= 1), 0.0, te.exp(T[a, a + b, J[b]])),
+                   name="Y")
+    (dT,) = te.gradient(Y, [T], head=H)
+    (ddT,) = te.gradient(dT, [T], head=K)
+
+    def reference(t, j, h, k):
+        a, b = torch.arange(4)[:, None], torch.arange(3)[None, :]
+        y = torch.where((a < 3) & (a + b < 1), torch.exp(cread(t, a, a + b, j[b])), 0.0)
+        (dt,) = grad(y, [t], h, create_graph=True)
+        return [y, dt, grad(dt, [t], k)[0]]
+    _agree([T, J, H, K], [Y, dT, ddT], reference,
+           [rng.standard_normal((3, 1, 2)), np.array([1, 0, 1]), rng.standard_normal((4, 3)),
+            rng.standard_normal((3, 1, 2))])
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_a_key_read_under_a_guard(optimize):
+    """``E[J[n - 1], d]`` under ``n >= 1``: the naive gradient tested the key
+    before the guard (IndexError at build)."""
+    E = te.placeholder((5, 2), F64, "E")
+    J = te.placeholder((4,), "int32", "J")
+    Y = te.compute((4, 2), lambda n, d: te.if_then_else(n >= 1, E[J[n - 1], d], 0.0), name="Y")
+    (dE,) = te.gradient(Y, [E], optimize=optimize)
+
+    def reference(e, j):
+        n = torch.arange(4)[:, None]
+        y = torch.where(n >= 1, cread(e, j[(n - 1).clamp(min=0)].long(), torch.arange(2)[None, :]), 0.0)
+        return [y, grad(y, [e])[0]]
+    _agree([E, J], [Y, dE], reference, [rng.standard_normal((5, 2)), np.array([0, 4, 2, 4], "int32")])
+
+
+def test_a_dead_branch_in_a_second_order_gradient():
+    """The select's branch reading ``X[3c + 3a + 1, c + b]`` is never taken
+    (``2a + c - 1 > 2`` with ``a = 0``, ``c < 4``); zero elimination kept it,
+    under a guard no point meets, and the second-order gradient read ``Y``
+    (the quotient's derivative) out of range: IndexError at build."""
+    X = te.placeholder((3, 1), F64, "X")
+
+    def den(a, b, c):
+        t = c * 3 + a * 3 + 1
+        taken = te.if_then_else(te.all(c >= 0, c < 3), X[c, b], 0.0)
+        dead = te.if_then_else(te.all(t >= 0, t < 3, c + b >= 0, c + b < 1), te.tanh(X[t, c + b]), 0.5)
+        return te.abs(te.sigmoid(te.if_then_else(te.not_(a * 2 + c - 1 > 2), taken, dead))) + 1.0
+    Y = te.compute((1, 1, 4), lambda a, b, c: X[1, 0] * X[1, 0] / den(a, b, c), name="Y")
+    (dX,) = te.gradient(Y, [X])
+    S = te.compute((3, 1), lambda i, j: dX[i, j] * dX[i, j], name="S")
+    (ddX,) = te.gradient(S, [X])
+
+    def reference(x):
+        c = torch.arange(4)
+        y = (x[1, 0] * x[1, 0] / (torch.abs(torch.sigmoid(torch.where(c < 3, cread(x, c, 0), 0.0))) + 1.0))
+        y = y.reshape(1, 1, 4)
+        (dx,) = grad(y, [x], create_graph=True)
+        return [y, dx, grad((dx * dx).sum(), [x])[0]]
+    _agree([X], [Y, dX, ddX], reference, [rng.standard_normal((3, 1))])
+
+
+def test_a_gather_of_an_offset_column():
+    """``X[I[b, a], b + 4]``: the match sum of the gradient has a row per
+    column of ``X`` but only column 4 has keys; the others read ``I`` out of range."""
+    X = te.placeholder((2, 5), F64, "X")
+    I = te.placeholder((1, 2), "int32", "I")
+    Y = te.compute((2, 1), lambda a, b: X[I[b, a], b + 4], name="Y")
+    (dX,) = te.gradient(Y, [X])
+
+    def reference(x, i):
+        y = x[i.long().T, 4]
+        return [y, grad(y, [x])[0]]
+    _agree([X, I], [Y, dX], reference, [rng.standard_normal((2, 5)), np.array([[1, 1]], "int32")])
+
+
+def test_a_match_sum_whose_value_reads_out_of_range_in_unused_rows():
+    """``X[J[a] + b, b + 2]``: the match sum's value ``H[p, row - 2]`` was
+    computed in rows 0 and 1 too, which the gradient never reads."""
+    X = te.placeholder((4, 6), F64, "X")
+    J = te.placeholder((5,), "int32", "J")
+    H = te.placeholder((5, 4), F64, "H")
+    Y = te.compute((5, 4), lambda a, b: te.if_then_else(te.all(J[a] + b >= 0, J[a] + b < 4),
+                                                        te.tanh(X[J[a] + b, b + 2]), 0.0), name="Y")
+    (dX,) = te.gradient(Y, [X], head=H)
+
+    def reference(x, j, h):
+        a, b = torch.arange(5)[:, None], torch.arange(4)[None, :]
+        key = j[a].long() + b
+        y = torch.where(key < 4, torch.tanh(cread(x, key, b + 2)), 0.0)
+        return [y, grad(y, [x], h)[0]]
+    _agree([X, J, H], [Y, dX], reference,
+           [rng.standard_normal((4, 6)), np.array([0, 3, 1, 2, 0], "int32"), rng.standard_normal((5, 4))])
+
+
+def test_a_nested_key_under_a_guard():
+    """``X[J[I[n]]]`` under ``0 <= I[n] < 3``: the match sum's key read
+    ``J`` at ``I[n] = -1`` (IndexError at the call)."""
+    X = te.placeholder((5,), F64, "X")
+    I = te.placeholder((4,), "int32", "I")
+    J = te.placeholder((3,), "int32", "J")
+    Y = te.compute((4,), lambda n: te.if_then_else(te.all(I[n] >= 0, I[n] < 3), X[J[I[n]]] * 2.0, 0.0), name="Y")
+    (dX,) = te.gradient(Y, [X])
+
+    def reference(x, i, j):
+        ok = (i >= 0) & (i < 3)
+        y = torch.where(ok, cread(x, cread(j, i.long()).long()) * 2.0, 0.0)
+        return [y, grad(y, [x])[0]]
+    _agree([X, I, J], [Y, dX], reference,
+           [rng.standard_normal(5), np.array([0, -1, 2, 7], "int32"), np.array([4, 1, 0], "int32")])
+
+
+def test_second_order_of_a_slice():
+    """``T[0, j] = sqrt(X[j]^2 + 1)`` over the first 4 of 6 elements: two
+    adjoint contributions guarded by ``i <= 3`` were added outside the guard,
+    and the second-order gradient read ``T[0, i]`` for ``i`` up to 5."""
+    X = te.placeholder((6,), F64, "X")
+    H = te.placeholder((1, 4), F64, "H")
+    T = te.compute((1, 4), lambda a, j: te.sqrt(X[j] * X[j] + 1.0), name="T")
+    (dX,) = te.gradient(T, [X], head=H)
+    S = te.compute((6,), lambda i: dX[i] * dX[i], name="S")
+    ddX, dH = te.gradient(S, [X, H])
+
+    def reference(x, h):
+        t = torch.sqrt(x[:4] * x[:4] + 1.0)[None, :]
+        (dx,) = grad(t, [x], h, create_graph=True)
+        return [t, dx, *grad((dx * dx).sum(), [x, h])]
+    _agree([X, H], [T, dX, ddX, dH], reference, [rng.standard_normal(6), rng.standard_normal((1, 4))])
+
+
+def test_a_point_condition_before_the_data_conditions():
+    """``Y[a, b] = min(X[b + 1, 2a], T[2a + b])`` with ``b`` in 0..0: the
+    gradient sums the one point ``a = i // 2, b = i % 2`` under ``i % 2 == 0``,
+    but tested the min's comparison (reading ``X[i % 2 + 1]``) first."""
+    X = te.placeholder((2, 3), F64, "X")
+    T = te.placeholder((2,), F64, "T")
+    Y = te.compute((5, 1), lambda a, b: te.minimum(
+        te.if_then_else(te.all(a * 2 >= 0, a * 2 < 3), X[b + 1, a * 2], 0.0),
+        te.if_then_else(te.all(a * 2 + b >= 0, a * 2 + b < 2), T[a * 2 + b], 0.0)), name="Y")
+    (dT,) = te.gradient(Y, [T])
+
+    def reference(x, t):
+        a = torch.arange(5)[:, None]
+        left = torch.where(a * 2 < 3, cread(x, a * 0 + 1, a * 2), 0.0)
+        right = torch.where(a * 2 < 2, cread(t, a * 2), 0.0)
+        y = torch.where(left <= right, left, right)
+        return [y, grad(y, [t])[0]]
+    _agree([X, T], [Y, dT], reference, [rng.standard_normal((2, 3)), rng.standard_normal(2)])
+
+
+def test_a_match_sum_whose_rows_are_restricted_by_a_condition():
+    """``X[I[a, b] + b, (5 - b) % 2]`` read where ``(5 - b) % 2 < 1`` (never:
+    ``b`` is 0): the match sum has a row per value of the second index, and
+    in row 0 (``b = 1``, out of ``I``) its key and value read ``I`` out of
+    range; the condition excluding that row stayed outside the sum."""
+    X = te.placeholder((1, 1), F64, "X")
+    I = te.placeholder((3, 1), "int32", "I")
+    H = te.placeholder((3, 1), F64, "H")
+    Y = te.compute((3, 1), lambda a, b: te.if_then_else(te.all((5 - b) % 2 >= 0, (5 - b) % 2 < 1),
+                                                        te.tanh(X[I[a, b] + b, (5 - b) % 2]), -1.0), name="Y")
+    (dX,) = te.gradient(Y, [X], head=H)
+
+    def reference(x, i, h):
+        y = torch.full((3, 1), -1.0, dtype=torch.float64) + 0.0 * x.sum()
+        return [y, grad(y, [x], h)[0]]
+    _agree([X, I, H], [Y, dX], reference, [rng.standard_normal((1, 1)), np.zeros((3, 1), "int32"),
+                                           rng.standard_normal((3, 1))])
+
+
+def test_a_reduction_under_a_condition_on_more_variables():
+    """``s * s`` with ``s = Σ_k X[i - 1, k]`` under ``i >= 1 and j == 0``: the
+    reduction is lifted into a tensor over ``i``, and ``i >= 1`` was dropped
+    with the condition it is a conjunct of (which also reads ``j``): the
+    lifted tensor read ``X[-1, k]``."""
+    X = te.placeholder((3, 4), F64, "X")
+    k = te.reduce_axis(4, "k")
+
+    def body(i, j):
+        s = te.sum(X[i - 1, k], axis=k)
+        return te.if_then_else(te.all(i >= 1, te.equal(j, 0)), s * s, 0.0)
+    Y = te.compute((3, 2), body, name="Y")
+    (dX,) = te.gradient(Y, [X])
+
+    def reference(x):
+        s = torch.cat([torch.zeros(1), x[:2].sum(1)])[:, None]
+        y = torch.where((torch.arange(3)[:, None] >= 1) & (torch.arange(2)[None, :] == 0), s * s, 0.0)
+        return [y, grad(y, [x])[0]]
+    _agree([X], [Y, dX], reference, [rng.standard_normal((3, 4))])
+
+
+def test_a_sum_over_a_range_that_is_neither_affine_nor_fixed():
+    """The second-order gradient through a min over ``X0[(r - a + 2) % 2,
+    (2a + r + 5) // 4 + a, (-2r - 2) % 4 + a]`` sums over a variable whose
+    range is a ``//`` expression: zero elimination looked up the variable's
+    fixed range, which it has not (TypeError in ``te.gradient``)."""
+    X0 = te.placeholder((3, 2, 6), F64, "X0")
+    X1 = te.placeholder((2, 3), F64, "X1")
+    H = te.placeholder((1,), F64, "H")
+    r = te.reduce_axis(3, "r")
+
+    def t0(a):
+        mid = (a * 2 + r + 5) // 4 + a
+        return te.min(te.if_then_else(te.all(mid >= 0, mid < 2), X0[(r - a + 2) % 2, mid, (r * -2 - 2) % 4 + a], 0.5),
+                      axis=r) / 0.5
+    T0 = te.compute((3,), t0, name="T0")
+    Y = te.compute((1,), lambda a: X1[1, 1] * T0[a + 1], name="Y")
+    dX0, dX1 = te.gradient(Y, [X0, X1], head=H)
+    K = te.placeholder(dX0.shape, F64, "K")
+    second = te.gradient(dX0, [X0, X1, H], head=K)
+
+    def reference(x0, x1, h, k):
+        a, r = ax(0, 3, 0, 2), ax(0, 3, 1, 2)
+        mid = torch.div(a * 2 + r + 5, 4, rounding_mode="floor") + a
+        body = torch.where((mid >= 0) & (mid < 2), cread(x0, (r - a + 2) % 2, mid, (r * -2 - 2) % 4 + a), 0.5)
+        t0 = red("min", body, (3,), (3,)) / 0.5
+        y = x1[1, 1] * t0[1:2]
+        d0, d1 = grad(y, [x0, x1], h, create_graph=True)
+        return [y, d0, d1, *grad(d0, [x0, x1, h], k)]
+    _agree([X0, X1, H, K], [Y, dX0, dX1, *second], reference,
+           [rng.standard_normal((3, 2, 6)), rng.standard_normal((2, 3)), rng.standard_normal(1),
+            rng.standard_normal((3, 2, 6))])
+
+
+def test_a_key_from_a_segment_condition_under_a_guard():
+    """``I1[a] == c`` selects ``c``, under which ``X0[I2[c, c + 1] + c]`` is read
+    if ``c + 1 < 4``: the gradient substitutes ``c = I1[a]`` and tested the
+    range of ``c`` after the conditions reading ``I2[c, c + 1]`` (IndexError
+    at the call for ``I1[a] = 3``)."""
+    X0 = te.placeholder((3,), F64, "X0")
+    I1 = te.placeholder((2,), "int32", "I1")
+    I2 = te.placeholder((5, 4), "int32", "I2")
+
+    def key(c):
+        return I2[c, c + 1] + c
+    Y = te.compute((2, 4), lambda a, c: te.if_then_else(
+        te.equal(I1[a], c), te.if_then_else(te.all(c + 1 < 4, key(c) >= 0, key(c) < 3), X0[key(c)], 0.0) * 2.0,
+        0.0), name="Y")
+    (dX0,) = te.gradient(Y, [X0])
+
+    def reference(x0, i1, i2):
+        a, c = torch.arange(2)[:, None], torch.arange(4)[None, :]
+        k = cread(i2, c, c + 1).long() + c
+        y = torch.where((i1[a] == c) & (c + 1 < 4) & (k >= 0) & (k < 3), cread(x0, k) * 2.0, 0.0)
+        return [y, grad(y, [x0])[0]]
+    _agree([X0, I1, I2], [Y, dX0], reference,
+           [rng.standard_normal(3), np.array([3, 1], "int32"), rng.integers(0, 2, (5, 4)).astype("int32")])
