@@ -1,11 +1,12 @@
-"""One program, checked in this process: te against PyTorch.
+"""Programs checked in this process: te against PyTorch.
 
-``check(seed)`` generates the program, runs its te source (``te.build`` of
-the output, its gradients and second-order gradients: one kernel) and its
-torch source (``torch.autograd``) on the same float64 data, and compares
-every output.  Then, on the built kernel: the bad-input checks of
-``bad_inputs.py``, and for programs without a data-dependent choice (see
-``NONFINITE_UNDEFINED``) inputs with NaN and inf at random places.
+``check_group(seeds)`` generates the programs, runs their te sources
+(``te.build`` of each output, its gradients and second-order gradients: one
+kernel for the whole group) and their torch sources (``torch.autograd``) on
+the same float64 data, and compares every output.  Then, on the built
+kernel: the bad-input checks of ``bad_inputs.py``, and for programs without
+a data-dependent choice (see ``NONFINITE_UNDEFINED``) inputs with NaN and
+inf at random places.  ``check(seed)`` is a group of one.
 
 What NaN and inf must do: the kernel computes (no exception), and wherever
 torch's value is finite te's is the same (no NaN or inf leaks into a value

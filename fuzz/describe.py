@@ -257,10 +257,12 @@ class Unary(Expr):
     a: Expr
 
     def te(self, ctx):
-        return f"(-{self.a.te(ctx.strict())})" if self.op == "neg" else f"{UNARY_TE[self.op]}({self.a.te(ctx.strict())})"
+        a = self.a.te(ctx.strict())
+        return f"(-{a})" if self.op == "neg" else f"{UNARY_TE[self.op]}({a})"
 
     def torch(self, ctx):
-        return f"(-{self.a.torch(ctx.strict())})" if self.op == "neg" else f"torch.{self.op}({self.a.torch(ctx.strict())})"
+        a = self.a.torch(ctx.strict())
+        return f"(-{a})" if self.op == "neg" else f"torch.{self.op}({a})"
 
 
 # te spelling, torch spelling; an infix operator is written "(a OP b)"
@@ -414,7 +416,8 @@ class Compute:
     values: tuple = (0, 0)       # value range of an index tensor
 
     def reduce_axes(self):
-        return [a for node in walk(self.body) if isinstance(node, Reduce) for a in node.axes]
+        """The reduce axes of the body, each once (a shared reduction appears twice in the tree)."""
+        return list(dict.fromkeys(a for node in walk(self.body) if isinstance(node, Reduce) for a in node.axes))
 
 
 @dataclass

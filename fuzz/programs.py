@@ -580,7 +580,8 @@ class Generator:
         return IBin("+", e, IConst(offset)) if offset else e
 
     def reshape_indices(self, shape, scope):
-        """``X`` read as if flattened: ``f = Σ v * stride`` over the axes, ``X[f // (n1 n2) % n0, f // n2 % n1, f % n2]``."""
+        """``X`` read as if flattened: ``f = Σ v * stride`` over some axes, then
+        ``X[f // (n1 n2) % n0, f // n2 % n1, f % n2]``."""
         self.tag("index:reshape")
         free = scope.free()
         chosen = [free[k] for k in self.rng.permutation(len(free))[:int(self.pick([1, 2, 3]))]]
@@ -706,7 +707,8 @@ class Generator:
                 idx.append(IConst(0) if v is None else IVar(v))
         self.reads[t.name] = self.reads.get(t.name, 0) + 1
         env = _Env(scope.rank, self.values)
-        clamp = any(np.min(b[0]) < 0 or np.max(b[1]) >= n for b, n in ((i.bounds(env), n) for i, n in zip(idx, t.shape)))
+        bounds = [(i.bounds(env), n) for i, n in zip(idx, t.shape)]
+        clamp = any(np.min(lo) < 0 or np.max(hi) >= n for (lo, hi), n in bounds)
         return IData(t.name, tuple(idx), clamp)
 
 

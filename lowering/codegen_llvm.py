@@ -15,8 +15,11 @@ step: it sets the loop's counter on entry and advances it after the loop's
 last stage, and each stage of the loop reads its time from the counter.
 
 A failed run-time check stores ``(code, index)`` into ``err`` and returns.
-Float arithmetic carries ``reassoc contract nsz arcp`` (never nnan/ninf:
-max reductions start from -inf); floor division and modulo on floats follow
+Float arithmetic carries ``reassoc contract nsz`` (never nnan/ninf: max
+reductions start from -inf; never arcp: ``x * (1/d)`` for ``x / d`` in one
+stage and not in another would make the derivative of a max, which finds the
+first position where the recomputed body equals the stored maximum, miss
+it); floor division and modulo on floats follow
 numpy's ``divmod`` exactly and carry no fast-math flags.  exp, log, log1p
 and tanh are inline code (``fast_math.py``), not libm calls.
 
@@ -56,7 +59,7 @@ PTR = ir.PointerType()
 VALUE_TYPE = {"bool": I1, "int32": ir.IntType(32), "int64": I64,
               "float32": ir.FloatType(), "float64": ir.DoubleType()}
 MEMORY_TYPE = {**VALUE_TYPE, "bool": I8}
-FAST = ("reassoc", "contract", "nsz", "arcp")
+FAST = ("reassoc", "contract", "nsz")
 
 # Math functions by operation: an LLVM intrinsic (mangled by type: llvm.exp.f32,
 # llvm.exp.v16f32) or a libm symbol pair (float32, float64) resolved in-process.

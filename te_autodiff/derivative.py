@@ -17,7 +17,7 @@ import weakref
 
 from . import dtype as dt
 from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
-                   is_const, logic_and, power, select, unary)
+                   is_const, logic_and, logic_or, power, select, unary)
 from .visit import children, conjuncts, topo_order
 
 
@@ -35,6 +35,16 @@ def _binop_rules():
         # a mod b = a - floor(a / b) * b, so d/db = -floor(a / b)
         return -g * floordiv(e.a, e.b)
 
+    def pow_a(e, g):
+        # b a^(b-1), and 0 where b == 0 (a^0 is constant; at a == 0 the
+        # formula gives 0 * inf): a constant b folds the condition away
+        return _pick(compare("ne", e.b, 0), g * e.b * power(e.a, e.b - 1))
+
+    def pow_b(e, g):
+        # a^b log(a), and 0 where a == 0 and b >= 0 (0^b is constant there;
+        # the formula gives 0 * -inf)
+        return _pick(logic_or(compare("ne", e.a, 0), compare("lt", e.b, 0)), g * e * unary("log", e.a))
+
     return {
         "add": lambda e, g: (g, g),
         "sub": lambda e, g: (g, -g),
@@ -42,7 +52,7 @@ def _binop_rules():
         "div": lambda e, g: (g / e.b, -g * e / e.b),
         "max": lambda e, g: (_pick(compare("ge", e.a, e.b), g), _pick(compare("lt", e.a, e.b), g)),
         "min": lambda e, g: (_pick(compare("le", e.a, e.b), g), _pick(compare("gt", e.a, e.b), g)),
-        "pow": lambda e, g: (g * e.b * power(e.a, e.b - 1), g * e * unary("log", e.a)),
+        "pow": lambda e, g: (pow_a(e, g), pow_b(e, g)),
         "floordiv": lambda e, g: (_zero(g), _zero(g)),
         "mod": lambda e, g: (g, mod_b(e, g)),
     }

@@ -48,6 +48,7 @@ from .expr import Cmp, Const, InverseIndex, Load, MatchSum, Var, all_, cast, con
 from .pretty import expr_str
 from .sharing import canonical_var
 from .tensor import Tensor
+from .term import read_guards
 from .visit import free_vars, substitute, topo_order
 
 log = logging.getLogger("te_autodiff.zero_elim")
@@ -175,12 +176,14 @@ class _Sum:
                     continue
                 first, ext = self.doms[self.axes.index(s)]
                 e = cast(dt.INDEX, e)
-                at = self.conds.index(c)
                 self.conds.remove(c)
+                # s's range, now e's, before the conditions on s (they may read at
+                # e only where it holds), after the others (which may keep e's own
+                # reads in range)
+                others = [d for d in self.conds if s not in free_vars(d)]
+                self.conds = others + [d for d in self.conds if s in free_vars(d)]
                 self.replace({s: e}, {s})
-                # in the equality's place: after the conditions that keep e's
-                # reads in range, before those that may read where s must be
-                self.conds.insert(at, all_(e >= first, e < first + ext))
+                self.conds.insert(len(others), all_(e >= first, e < first + ext))
                 return True
         return False
 
@@ -205,10 +208,13 @@ class _Sum:
                 row = tuple(b - b.dom[0] for b in batch)
                 self.conds.remove(c)
                 # the keyed tensor has a row for every batch value and a key at
-                # every position, but the sum reads only those where the outer
-                # conditions and its own conditions on them hold: elsewhere the
-                # key may read out of range, and becomes lo - 1, matching nothing
+                # every position of a box, but the sum reads only those where the
+                # outer conditions and its own conditions on them hold, and where
+                # the key's own reads are in range (a point of the box outside the
+                # program's domain): elsewhere the key may read out of range, and
+                # becomes lo - 1, matching nothing
                 rows = [g for g in self.outer + self.conds if free_vars(g) and free_vars(g) <= set(batch)]
+                rows += read_guards([key])
                 valid = rows + [g for g in self.conds
                                 if free_vars(g) & set(positions) and free_vars(g) <= set(batch) | set(positions)]
                 if valid:
@@ -231,8 +237,9 @@ class _Sum:
         outer variable but ``v`` and the batch (each batch row owns a whole
         row of the result), it is one element of a :func:`match_sum` tensor:
         no sort, each row's positions added in order at their keys.  The
-        value is computed only in the batch rows where ``rows`` hold (the
-        others are never read, and their reads may be out of range)."""
+        value is computed only where ``rows`` hold (other batch rows are never
+        read, other positions of the box are not the program's, and their
+        reads may be out of range)."""
         inner = [c for c in self.conds if free_vars(c) & set(self.axes)]
         value = select(all_(*rows, *inner), self.body, const(0, self.body.dtype)) if rows or inner else self.body
         owners = (free_vars(value) | free_vars(key)) - set(self.axes)

@@ -259,10 +259,13 @@ class _Gather:
         axes, doms, core, conds = solve_data_equalities(
             axes, doms, substitute(substitute(core, values), point), [substitute(c, point) for c in conds + residual],
             guards)
-        invariant, body = _factor_out(core, set(axes))
         inner = []
         for c in conds:
             (inner if free_vars(c) & set(axes) else guards).append(c)
+        # a factor of the summand that reads none of the summed variables moves
+        # out of the sum, unless conditions inside the sum guard it (outside, it
+        # would read wherever the guards hold, though the sum may be empty there)
+        invariant, body = _factor_out(core, set(axes)) if not inner else (None, core)
         if inner:
             body = select(all_(*inner), body, zero)
         result = mul(invariant, reduce("sum", body, axes, doms)) if invariant is not None else \

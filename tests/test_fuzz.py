@@ -13,8 +13,9 @@
 * Shapes far beyond memory (and beyond int64 bytes) are refused with a
   MemoryError or ValueError naming the tensor, each in a child process.
 * Regressions: fixed programs that te refused (IndexError at ``te.build`` or
-  at the call) though the forward program never reads out of range, compared
-  with torch.  Each was found by the fuzzer; ``python -m fuzz`` explores more.
+  at the call, TypeError in ``te.gradient``) though the program never reads
+  out of range, compared with torch.  Each was found by the fuzzer;
+  ``python -m fuzz`` explores more.
 """
 import numpy as np
 import pytest
@@ -371,3 +372,142 @@ def test_a_key_from_a_segment_condition_under_a_guard():
         return [y, grad(y, [x0])[0]]
     _agree([X0, I1, I2], [Y, dX0], reference,
            [rng.standard_normal(3), np.array([3, 1], "int32"), rng.integers(0, 2, (5, 4)).astype("int32")])
+
+
+def test_a_reduction_bounded_by_a_condition_on_two_variables():
+    """``s * s`` with ``s = Σ_k X[j - 1, k]`` under ``i >= 1 and j >= i``: only
+    both conditions together keep ``j - 1`` in range, and the first mentions
+    no variable of the reduction, so the tensor the reduction is lifted into
+    takes ``i`` as an axis too (over ``j`` alone it read ``X[-1, k]``)."""
+    X = te.placeholder((3, 4), F64, "X")
+    k = te.reduce_axis(4, "k")
+
+    def body(i, j):
+        s = te.sum(X[j - 1, k], axis=k)
+        return te.if_then_else(te.all(i >= 1, j >= i), s * s, 0.0)
+    Y = te.compute((2, 4), body, name="Y")
+    (dX,) = te.gradient(Y, [X])
+
+    def reference(x):
+        s = torch.cat([torch.zeros(1), x.sum(1)])[None, :]
+        i, j = torch.arange(2)[:, None], torch.arange(4)[None, :]
+        y = torch.where((i >= 1) & (j >= i), s * s, 0.0)
+        return [y, grad(y, [x])[0]]
+    _agree([X], [Y, dX], reference, [rng.standard_normal((3, 4))])
+
+
+def test_a_max_whose_row_is_chosen_by_a_key():
+    """``max_r (I[a, 0] == b ? X[(r + 5) // 3] : 3)``: the gradient solves
+    ``b = I[a, 0]`` and read the first position of the max at ``[a, I[a, 0]]``
+    before testing that ``I[a, 0]`` is a valid ``b`` (IndexError at the call
+    for ``I[a, 0] = -1``)."""
+    X = te.placeholder((4,), F64, "X")
+    I = te.placeholder((3, 2), "int32", "I")
+    r = te.reduce_axis((2, 5), "r")
+    Y = te.compute((3, 4), lambda a, b: te.max(te.if_then_else(te.equal(I[a, 0], b), X[(r + 5) // 3], 3.0), axis=r),
+                   name="Y")
+    (dX,) = te.gradient(Y, [X])
+
+    def reference(x, i):
+        a, b, r = ax(0, 3, 0, 3), ax(0, 4, 1, 3), ax(2, 3, 2, 3)
+        y = red("max", torch.where(i[a, 0] == b, x[torch.div(r + 5, 3, rounding_mode="floor")], 3.0), (3, 4), (3,))
+        return [y, grad(y, [x])[0]]
+    _agree([X, I], [Y, dX], reference, [np.array([4.0, 1.0, 5.0, 2.0]), np.array([[-1, 0], [2, 0], [3, 1]], "int32")])
+
+
+def test_the_gradient_of_a_min_in_the_vector_tail():
+    """``min_r X[o] / D[r]`` over 5 rows (4 vector lanes and a tail of 1): the
+    derivative finds the first ``r`` where the recomputed ``X[o] / D[r]``
+    equals the stored minimum, but with the ``arcp`` fast-math flag one stage
+    divided and the other multiplied by ``1 / D[r]``, so a quarter of the tail
+    rows found none and lost their gradient."""
+    X = te.placeholder((5,), F64, "X")
+    D = te.placeholder((2,), F64, "D")
+    r = te.reduce_axis(2, "r")
+    Y = te.compute((5,), lambda o: te.min(X[o] / D[r], axis=r), name="Y")
+    dX, dD = te.gradient(Y, [X, D])
+    kernel = te.build([X, D], [Y, dX, dD])
+    for seed in range(20):
+        data = np.random.default_rng(seed)
+        x, d = data.uniform(-2, 2, 5), data.uniform(0.5, 2, 2)
+        t, u = torch.tensor(x, requires_grad=True), torch.tensor(d, requires_grad=True)
+        y = red("min", t[:, None] / u[None, :], (5,), (2,))
+        want = [y.detach().numpy(), *(g.numpy() for g in grad(y, [t, u]))]
+        assert compare(["Y", "dX", "dD"], list(kernel(x, d)), want) is None, seed
+
+
+def test_a_factor_kept_inside_a_guarded_sum():
+    """A second-order gradient sums ``ddX.r[k]`` under conditions that also
+    keep ``i + j - 1`` in range, times a factor reading ``X[i + j - 1, ...]``
+    that does not depend on ``k``: moved out of the sum, the factor read ``X``
+    out of range wherever the sum is empty (IndexError at build)."""
+    X0 = te.placeholder((4, 5), F64, "X0")
+    X1 = te.placeholder((7, 4), F64, "X1")
+    H = te.placeholder((4, 5, 2), F64, "H")
+
+    def body(a, b, c):
+        p, q, s = (c * 2 + 4) % 4 + b, (b + 4) // 4 + a, b + a - 1
+        left = te.if_then_else(te.any(p < 0, p >= 5), 0.0, X0[3, p])
+        right = te.if_then_else(te.all(q >= 0, q < 4), X0[q, 0], 0.0)
+        mid = te.if_then_else(te.all(s >= 0, s < 4, b + c >= 0, b + c < 5), X0[s, b + c], 0.0)
+        return (left - right) * (mid / (te.abs(X1[b, c + 1]) + 0.5))
+    Y = te.compute((4, 5, 2), body, name="Y")
+    (dX0,) = te.gradient(Y, [X0], head=H)
+    S = te.compute((4, 5), lambda i, j: dX0[i, j] * dX0[i, j], name="S")
+    ddX0, dH = te.gradient(S, [X0, H])
+
+    def reference(x0, x1, h):
+        a, b, c = ax(0, 4, 0, 3), ax(0, 5, 1, 3), ax(0, 2, 2, 3)
+        p, q, s = (c * 2 + 4) % 4 + b, torch.div(b + 4, 4, rounding_mode="floor") + a, b + a - 1
+        left = torch.where((p >= 0) & (p < 5), cread(x0, p * 0 + 3, p), 0.0)
+        right = torch.where((q >= 0) & (q < 4), cread(x0, q, q * 0), 0.0)
+        mid = torch.where((s >= 0) & (s < 4) & (b + c < 5), cread(x0, s, b + c), 0.0)
+        y = (left - right) * (mid / (torch.abs(x1[b, c + 1]) + 0.5))
+        (d0,) = grad(y, [x0], h, create_graph=True)
+        return [y, d0, *grad((d0 * d0).sum(), [x0, h])]
+    _agree([X0, X1, H], [Y, dX0, ddX0, dH], reference,
+           [rng.standard_normal((4, 5)), rng.standard_normal((7, 4)), rng.standard_normal((4, 5, 2))])
+
+
+def test_the_gradient_of_a_power_at_zero():
+    """``X ** E`` at ``X = 0``: the derivative in ``X`` where ``E = 0`` and the
+    one in ``E`` where ``E >= 0`` are 0 (the power is constant there), as in
+    torch; the formulas gave ``0 * inf`` (NaN) and ``log(0)`` (-inf)."""
+    X = te.placeholder((3,), F64, "X")
+    E = te.placeholder((3,), F64, "E")
+    Y = te.compute((3,), lambda i: te.power(X[i], E[i]), name="Y")
+    dX, dE = te.gradient(Y, [X, E])
+
+    def reference(x, e):
+        y = torch.pow(x, e)
+        return [y, *grad(y, [x, e])]
+    _agree([X, E], [Y, dX, dE], reference, [np.array([0.0, 0.0, 2.0]), np.array([0.0, 1.5, 0.0])])
+
+
+def test_an_inverse_index_over_a_box_of_positions():
+    """The second-order gradient inverts the key ``2 I[b, b]`` of a read at
+    ``(5 - b) % 3``: its positions are a box (``b`` solved from the column
+    and a quotient) with points where ``b = 5``, outside ``I``, and the
+    counting sort read the key there (IndexError at build)."""
+    X = te.placeholder((7, 5), F64, "X")
+    I = te.placeholder((5, 4), "int32", "I")
+    H = te.placeholder((2,), F64, "H")
+    r1, r2 = te.reduce_axis((1, 3), "r1"), te.reduce_axis((1, 4), "r2")
+    T = te.compute((5, 4), lambda a, b: te.sqrt(X[I[b, b] * 2, (5 - b) % 3] * X[I[b, b] * 2, (5 - b) % 3] + 0.5),
+                   name="T")
+    Y = te.compute((2,), lambda o: te.max(te.sum(X[(o * 2 + r1 - 1) // 5, (o * 2 + r1 - 1) % 5], axis=r2), axis=r1)
+                   + T[o + 1, o + 2], name="Y")
+    (dX,) = te.gradient(Y, [X], head=H)
+    S = te.compute((7, 5), lambda i, j: dX[i, j] * dX[i, j], name="S")
+    ddX, dH = te.gradient(S, [X, H])
+
+    def reference(x, i, h):
+        a, b = ax(0, 5, 0, 2), ax(0, 4, 1, 2)
+        t = torch.sqrt(x[i[b, b].long() * 2, (5 - b) % 3] ** 2 + 0.5).expand(5, 4)
+        o, r = ax(0, 2, 0, 2), ax(1, 2, 1, 2)
+        f = o * 2 + r - 1
+        y = red("max", 3.0 * x[torch.div(f, 5, rounding_mode="floor"), f % 5], (2,), (2,)) + t[[1, 2], [2, 3]]
+        (d,) = grad(y, [x], h, create_graph=True)
+        return [y, d, *grad((d * d).sum(), [x, h])]
+    _agree([X, I, H], [Y, dX, ddX, dH], reference,
+           [rng.standard_normal((7, 5)), rng.integers(0, 4, (5, 4)).astype("int32"), rng.standard_normal(2)])
