@@ -11,6 +11,11 @@ Why a child process:
 * **Crashes.**  An LLVM assertion or a crash in a pass aborts the process it
   runs in.  Here that is the child: the build raises ``RuntimeError`` naming
   the kernel, and the next request starts a new child.
+* **Hangs.**  A pass that never finishes would hang the build.  The parent
+  waits ``TE_LLVM_TIMEOUT`` seconds (default ``TIMEOUT``) for an answer, then
+  kills the child and raises ``RuntimeError``.  A child whose parent has gone
+  (killed, or timed out itself) exits within a second instead of running on
+  as an orphan.
 
 The child is this file run as a script: it imports llvmlite and nothing of
 te-autodiff, reads pickled ``(operation, arguments)`` requests on stdin and
@@ -19,17 +24,24 @@ child can be started) runs the same functions in this process instead.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
+import select
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import llvmlite.binding as llvm
 
+log = logging.getLogger("te_autodiff.llvm")
+
 RESTART_AFTER = 256             # requests one child serves before it is replaced (its leak: ~25 MB)
+TIMEOUT = 300.0                 # seconds one request may take (a large kernel takes a few)
+SLP_SECONDS, SLP_SECONDS_PER_KB = 10.0, 0.1     # see slp_budget
 
 _MASKED = re.compile(r"llvm\.masked\.(?:load|store|gather|scatter|expandload|compressstore)\.v(\d+)([if])(\d+)")
 
@@ -56,20 +68,21 @@ def masked_wider_than(llvm_ir: str, vector_bytes: int) -> bool:
                if int(bits) > 1)
 
 
-def _optimised(ir_text: str, tm, vector_bytes: int):
+def _optimised(ir_text: str, tm, vector_bytes: int, slp: bool):
     """``ir_text`` parsed and run through LLVM's -O3 pipeline for ``tm``.
     The code te emits never has a masked memory operation wider than the
     target's vectors, but LLVM's SLP vectoriser may make one of strided
     scalar loads (a max pool's window in float64); type legalisation splits
     it, where LLVM 22.1 can abort the process ("unknown LocationSize",
     llvm-project issue 180251).  Such a module is optimised again without
-    the SLP vectoriser."""
-    for slp in (True, False):
+    the SLP vectoriser; ``slp=False`` (a retry after a hang: ``slp_budget``)
+    never uses it."""
+    for with_slp in (True, False) if slp else (False,):
         module = llvm.parse_assembly(ir_text)
         module.verify()
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
-        pto.slp_vectorization = slp
+        pto.slp_vectorization = with_slp
         pto.loop_unrolling = True
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(module, pb)
@@ -78,15 +91,15 @@ def _optimised(ir_text: str, tm, vector_bytes: int):
     return module
 
 
-def optimise(ir_text: str, spec, vector_bytes: int) -> str:
+def optimise(ir_text: str, spec, vector_bytes: int, slp: bool = True) -> str:
     """The optimised module's text (a kernel that this machine cannot run)."""
-    return str(_optimised(ir_text, _machine(spec), vector_bytes))
+    return str(_optimised(ir_text, _machine(spec), vector_bytes, slp))
 
 
-def compile_object(ir_text: str, spec, vector_bytes: int) -> tuple:
+def compile_object(ir_text: str, spec, vector_bytes: int, slp: bool = True) -> tuple:
     """``(optimised IR text, object code)`` for ``ir_text``."""
     tm = _machine(spec)
-    module = _optimised(ir_text, tm, vector_bytes)
+    module = _optimised(ir_text, tm, vector_bytes, slp)
     return str(module), tm.emit_object(module)
 
 
@@ -96,12 +109,22 @@ def assembly(ir_text: str, spec) -> str:
 
 
 _OPERATIONS = {"optimise": optimise, "compile_object": compile_object, "assembly": assembly}
+_OPTIMISING = ("optimise", "compile_object")
 
 
-def _serve():
+def _watch_parent(parent: int):
+    """Exit once ``parent`` is gone.  A thread: LLVM runs through ctypes,
+    which releases the GIL, so this runs even while a pass is looping."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _serve(parent: int):
     """The child's loop: answer requests until stdin closes.  Answers go to a
     copy of stdout; stdout itself is pointed at stderr so that nothing LLVM
     prints can corrupt them."""
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     _initialise()
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -129,14 +152,18 @@ class _Child:
         self.stderr = tempfile.TemporaryFile()
         # -P (Python 3.11+): this file's directory stays off sys.path; its modules are not the child's
         flags = ["-P"] if sys.version_info >= (3, 11) else []
-        self.process = subprocess.Popen([sys.executable, *flags, os.path.abspath(__file__)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self.stderr)
+        self.process = subprocess.Popen([sys.executable, *flags, os.path.abspath(__file__), str(os.getpid())],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
         self.served = 0
 
-    def ask(self, operation: str, args: tuple):
+    def ask(self, operation: str, args: tuple, timeout: float):
+        """The child's answer to one request; ``TimeoutError`` after ``timeout`` seconds without one."""
         pickle.dump((operation, args), self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
         self.process.stdin.flush()
         self.served += 1
+        # the child writes a whole answer at once: waiting for its first byte is waiting for all of it
+        if not select.select([self.process.stdout], [], [], timeout)[0]:
+            raise TimeoutError
         return pickle.load(self.process.stdout)
 
     def crash_report(self) -> str:
@@ -147,6 +174,11 @@ class _Child:
 
     def close(self):
         self.process.stdin.close()
+        self.process.wait()
+        self.stderr.close()
+
+    def kill(self):
+        self.process.kill()
         self.process.wait()
         self.stderr.close()
 
@@ -169,7 +201,38 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def run(operation: str, *args, what: str = "a kernel"):
     """``operation`` (a name of ``_OPERATIONS``) on ``args``, in the child
-    process; ``what`` names the kernel in the error when LLVM crashes."""
+    process; ``what`` names the kernel in the errors.  An optimisation that
+    takes far longer than its module's size warrants is stopped and run again
+    without the SLP vectoriser (see ``slp_budget``)."""
+    timeout = _timeout()
+    if operation in _OPTIMISING:
+        budget = slp_budget(args[0])
+        if budget < timeout:
+            try:
+                return _ask(operation, args, budget, what)
+            except TimeoutError:
+                log.warning("LLVM did not optimise %s within %.0f s; optimising it again without the SLP "
+                            "vectoriser", what, budget)
+                args = (*args, False)
+    try:
+        return _ask(operation, args, timeout, what)
+    except TimeoutError:
+        raise RuntimeError(f"LLVM did not finish compiling {what} within {timeout:g} s (TE_LLVM_TIMEOUT); "
+                           "its process was stopped and the next build starts a new one") from None
+
+
+def slp_budget(ir_text: str) -> float:
+    """Seconds an optimisation of ``ir_text`` may take with the SLP vectoriser.
+    LLVM 22.1's VectorCombine can loop forever on the shuffles SLP makes of
+    some index arithmetic (llvm-project issues 211984 and the fix in pull
+    211717); no te kernel needs more than ~25 ms per KB of IR even on a
+    loaded machine, so four times that plus a fixed allowance is a hang."""
+    return SLP_SECONDS + SLP_SECONDS_PER_KB * len(ir_text) / 1024
+
+
+def _ask(operation: str, args: tuple, timeout: float, what: str):
+    """One request, in the child (started if needed) or in this process;
+    ``TimeoutError`` (the child killed) after ``timeout`` seconds."""
     global _child, _in_process, _initialised
     with _lock:
         if not _in_process and _child is None:
@@ -184,7 +247,11 @@ def run(operation: str, *args, what: str = "a kernel"):
             return _OPERATIONS[operation](*args)
         child = _child
         try:
-            status, value = child.ask(operation, args)
+            status, value = child.ask(operation, args, timeout)
+        except TimeoutError:
+            _child = None
+            child.kill()
+            raise
         except (EOFError, OSError, pickle.UnpicklingError):
             _child = None
             raise RuntimeError(f"LLVM crashed while compiling {what} ({child.crash_report()}); "
@@ -197,5 +264,19 @@ def run(operation: str, *args, what: str = "a kernel"):
     return value
 
 
+def _timeout() -> float:
+    """Seconds to wait for one answer: ``TE_LLVM_TIMEOUT`` if set, else ``TIMEOUT``."""
+    text = os.environ.get("TE_LLVM_TIMEOUT")
+    if not text:
+        return TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"TE_LLVM_TIMEOUT must be a positive number of seconds, got {text!r}")
+    return value
+
+
 if __name__ == "__main__":
-    _serve()
+    _serve(int(sys.argv[1]))

@@ -456,6 +456,10 @@ TABLE = [
       ValueError, "TE_NUM_THREADS must be between 1 and 4096 threads, got -2", {"TE_NUM_THREADS": "-2"}),
     R("TE_NUM_THREADS", "value", "kernel()(a, i)",
       ValueError, "TE_NUM_THREADS must be between 1 and 4096 threads, got 100000", {"TE_NUM_THREADS": "100000"}),
+    R("TE_LLVM_TIMEOUT", "value", "kernel()",
+      ValueError, "TE_LLVM_TIMEOUT must be a positive number of seconds, got 'soon'", {"TE_LLVM_TIMEOUT": "soon"}),
+    R("TE_LLVM_TIMEOUT", "value", "kernel()",
+      ValueError, "TE_LLVM_TIMEOUT must be a positive number of seconds, got '-1'", {"TE_LLVM_TIMEOUT": "-1"}),
     # ------------------------------------------------------------ te.scan
     R("te.scan", "init", "te.scan(np.ones((1, 3)), Upd, St, name='Y')",
       TypeError, "te.scan 'Y': init must be te tensors, got ndarray"),

@@ -511,3 +511,37 @@ def test_an_inverse_index_over_a_box_of_positions():
         return [y, d, *grad((d * d).sum(), [x, h])]
     _agree([X, I, H], [Y, dX, ddX, dH], reference,
            [rng.standard_normal((7, 5)), rng.integers(0, 4, (5, 4)).astype("int32"), rng.standard_normal(2)])
+
+
+def test_a_program_on_which_llvm_loops(monkeypatch, caplog):
+    """LLVM 22.1's VectorCombine never finishes on the code its SLP vectoriser
+    makes of this gradient (a product over a window read at ``(2 b + r) // 3``
+    and ``% 3``): the build hung.  Over its budget (here 3 s) the optimisation
+    is stopped and done again without SLP, and the kernel agrees with torch."""
+    from lowering import llvm_process
+    monkeypatch.setattr(llvm_process, "SLP_SECONDS", 3.0)
+    monkeypatch.setattr(llvm_process, "SLP_SECONDS_PER_KB", 0.0)
+    X0 = te.placeholder((3, 3), F64, "X0")
+    I1 = te.placeholder((3, 5), "int32", "I1")
+    H = te.placeholder((3, 5), F64, "H")
+    r = te.reduce_axis(2, "r")
+    T0 = te.compute((3, 4, 5), lambda a, b, c: te.prod(te.tanh(X0[(b * 2 + r) // 3, (b * 2 + r) % 3]), axis=r),
+                    name="T0")
+    Y = te.compute((3, 5), lambda a, b: te.sigmoid(te.if_then_else(te.all(b >= 0, b < 4), T0[a, b, b], 0.0)
+                                                   + te.if_then_else(te.all(b >= 0, b < 4),
+                                                                     te.tanh(T0[a, b, I1[a, b]]), 0.5)), name="Y")
+    (dX0,) = te.gradient(Y, [X0], head=H)
+
+    def reference(x0, i1, h):
+        a, b, c, r = ax(0, 3, 0, 4), ax(0, 4, 1, 4), ax(0, 5, 2, 4), ax(0, 2, 3, 4)
+        t0 = red("prod", torch.tanh(x0[torch.div(b * 2 + r, 3, rounding_mode="floor"), (b * 2 + r) % 3]),
+                 (3, 4, 5), (2,))
+        a, b = ax(0, 3, 0, 2), ax(0, 5, 1, 2)
+        inside = (b >= 0) & (b < 4)
+        y = torch.sigmoid(torch.where(inside, cread(t0, a, b, b), 0.0)
+                          + torch.where(inside, torch.tanh(cread(t0, a, b, i1[a, b].long())), 0.5))
+        return [y, grad(y, [x0], h)[0]]
+    with caplog.at_level("WARNING", logger="te_autodiff.llvm"):
+        _agree([X0, I1, H], [Y, dX0], reference,
+               [rng.standard_normal((3, 3)), rng.integers(0, 5, (3, 5)).astype("int32"), rng.standard_normal((3, 5))])
+    assert "optimising it again without the SLP vectoriser" in caplog.text

@@ -199,3 +199,88 @@ def test_an_llvm_crash_is_an_exception_and_the_next_build_works(monkeypatch):
     assert llvm_process._child is None and second.wait(timeout=30) == 0     # replaced on the next build
     _kernel(1005)
     assert llvm_process._child.process.pid not in (first.pid, second.pid)
+
+
+def _stop_llvm_child():
+    """Freeze the running LLVM child (SIGSTOP): to its parent, a pass that never ends."""
+    import os
+    import signal
+
+    from lowering import llvm_process
+    if llvm_process._in_process:
+        pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
+    if llvm_process._child is None:
+        _kernel(997)
+    child = llvm_process._child.process
+    os.kill(child.pid, signal.SIGSTOP)
+    return child
+
+
+def test_an_llvm_that_never_answers_is_stopped(monkeypatch):
+    """A request gets ``TE_LLVM_TIMEOUT`` seconds: then the child is killed,
+    the build raises RuntimeError naming the kernel, and the next build works."""
+    monkeypatch.setenv("TE_LLVM_TIMEOUT", "2")
+    child = _stop_llvm_child()
+    with pytest.raises(RuntimeError, match=r"LLVM did not finish compiling kernel 'Y' .* within 2 s"):
+        _kernel(1011)
+    assert child.wait(timeout=30) != 0
+    assert np.array_equal(_kernel(1012)(np.ones(1012, "float32")), np.full(1012, 3, "float32"))
+
+
+def test_a_slow_optimisation_is_done_again_without_slp(monkeypatch, caplog):
+    """An optimisation over its budget (``slp_budget``, here 1 s) is stopped
+    and done again, without the SLP vectoriser, in a new child: the build
+    succeeds with a warning.  (tests/test_fuzz.py has a program on which
+    LLVM 22.1 really loops.)"""
+    from lowering import llvm_process
+    monkeypatch.setattr(llvm_process, "SLP_SECONDS", 1.0)
+    monkeypatch.setattr(llvm_process, "SLP_SECONDS_PER_KB", 0.0)
+    child = _stop_llvm_child()
+    with caplog.at_level("WARNING", logger="te_autodiff.llvm"):
+        k = _kernel(1013)
+    assert "optimising it again without the SLP vectoriser" in caplog.text
+    assert child.wait(timeout=30) != 0
+    assert np.array_equal(k(np.ones(1013, "float32")), np.full(1013, 3, "float32"))
+
+
+_ORPHAN = textwrap.dedent("""
+    import os, signal, threading
+    import te_autodiff as te
+    from lowering import llvm_process
+    X = te.placeholder((7,), name="X")
+    te.build([X], [te.compute((7,), lambda i: X[i] + 1.0, name="Y")])
+    print(llvm_process._child.process.pid, flush=True)
+    # a program on which LLVM 22.1's VectorCombine loops (tests/test_fuzz.py): killed mid-pass
+    X0 = te.placeholder((3, 3), "float64", "X0")
+    I1 = te.placeholder((3, 5), "int32", "I1")
+    r = te.reduce_axis(2, "r")
+    T0 = te.compute((3, 4, 5), lambda a, b, c: te.prod(te.tanh(X0[(b * 2 + r) // 3, (b * 2 + r) % 3]), axis=r))
+    inside = lambda b, v: te.if_then_else(te.all(b >= 0, b < 4), v, 0.0)
+    Y = te.compute((3, 5), lambda a, b: te.sigmoid(inside(b, T0[a, b, b]) + inside(b, te.tanh(T0[a, b, I1[a, b]]))))
+    threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    te.build([X0, I1], [Y, *te.gradient(Y, [X0])])
+""")
+
+
+def test_the_llvm_child_exits_with_its_parent():
+    """A process killed outright in the middle of a build (no cleanup runs)
+    does not leave its LLVM child running the pass: the child notices within
+    a second and exits."""
+    import time
+
+    from lowering import llvm_process
+    if llvm_process._in_process:
+        pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
+    proc = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True, timeout=300)
+    pid = int(proc.stdout.split()[0])
+
+    def alive():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"     # a zombie has exited
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive()
