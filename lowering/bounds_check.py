@@ -367,11 +367,17 @@ _SCOPED_CHILDREN = {       # sub-expressions with the scope each is evaluated in
     Select: lambda e, s: [(e.cond, s), (e.a, s.guarded(e.cond, True)), (e.b, s.guarded(e.cond, False))],
     Logic: lambda e, s: ([(e.a, s)] if e.op == "not"
                          else [(e.a, s), (e.b, s.guarded(e.a, e.op == "and"))]),
-    Reduce: lambda e, s: ([(x, s) for dom in e.doms for x in dom]
-                          + [(e.body, s.with_vars(e.axes, e.doms))]),
+    Reduce: lambda e, s: _reduce_children(e, s),
     InverseIndex: lambda e, s: [(e.at, s), (e.key, _positions(e, s))],
     MatchSum: lambda e, s: [(e.at, s), (e.key, _positions(e, s)), (e.value, _positions(e, s))],
 }
+
+
+def _reduce_children(e, scope):
+    """A reduction's domains and body with their scopes: the domain of each
+    axis may use the axes before it, and is evaluated inside their loops."""
+    out = [(x, scope.with_vars(e.axes[:n], e.doms[:n])) for n, dom in enumerate(e.doms) for x in dom]
+    return out + [(e.body, scope.with_vars(e.axes, e.doms))]
 
 
 def _positions(e, scope):

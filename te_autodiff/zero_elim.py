@@ -36,7 +36,7 @@ from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, com
                    floordiv, is_const, logic_not, maximum, minimum, mod, mul, neg, reduce, select, var)
 from .inverse_index import solve_data_equalities
 from .pretty import expr_str
-from .term import Term, naive
+from .term import Term, naive, read_guards
 from .visit import children, conjuncts, free_vars, rebuild, substitute
 
 log = logging.getLogger("te_autodiff.zero_elim")
@@ -259,9 +259,12 @@ class _Gather:
         axes, doms, core, conds = solve_data_equalities(
             axes, doms, substitute(substitute(core, values), point), [substitute(c, point) for c in conds + residual],
             guards)
+        # the conditions on the outer variables alone move out of the sum, except
+        # one after a condition on the summed variables whose reads that one may
+        # keep in range (``I[o - 1]`` read where the sum's range of ``o`` holds)
         inner = []
         for c in conds:
-            (inner if free_vars(c) & set(axes) else guards).append(c)
+            (inner if free_vars(c) & set(axes) or inner and read_guards([c]) else guards).append(c)
         # a factor of the summand that reads none of the summed variables moves
         # out of the sum, unless conditions inside the sum guard it (outside, it
         # would read wherever the guards hold, though the sum may be empty there)

@@ -545,3 +545,60 @@ def test_a_program_on_which_llvm_loops(monkeypatch, caplog):
         _agree([X0, I1, H], [Y, dX0], reference,
                [rng.standard_normal((3, 3)), rng.integers(0, 5, (3, 5)).astype("int32"), rng.standard_normal((3, 5))])
     assert "optimising it again without the SLP vectoriser" in caplog.text
+
+
+def test_a_condition_on_the_outer_variables_kept_after_the_range_guarding_its_read():
+    """The second-order gradient in ``H`` of a read at the key ``I[o - 1] + 2 o``
+    (guarded by ``o >= 1``) sums over the columns of ``dX``, where ``o``'s range
+    ``max(1, 2 c) .. min(3, 2 c + 1)`` depends on the column ``c``: the key's
+    range conditions, on ``o`` alone, moved out of the sum ahead of that range
+    and read ``I[-1]`` (IndexError at build)."""
+    X = te.placeholder((6, 7), F64, "X")
+    I = te.placeholder((4,), "int32", "I")
+    K = te.placeholder((6, 7), F64, "K")
+
+    def body(o):
+        k = I[o - 1] + o * 2
+        return te.if_then_else(te.all(o >= 1, k >= 0, k < 6), X[k, o // 2], 0.0)
+    Y = te.compute((4,), body, name="Y")
+    H = te.placeholder((4,), F64, "H")
+    (dX,) = te.gradient(Y, [X], head=H)
+    (dH,) = te.gradient(dX, [H], head=K)
+
+    def reference(x, i, k, h):
+        o = torch.arange(4)
+        key = cread(i, o - 1).long() + o * 2
+        y = torch.where((o >= 1) & (key >= 0) & (key < 6), cread(x, key, torch.div(o, 2, rounding_mode="floor")), 0.0)
+        (d,) = grad(y, [x], h, create_graph=True)
+        return [y, d, *grad(d, [h], k)]
+    _agree([X, I, K, H], [Y, dX, dH], reference,
+           [rng.standard_normal((6, 7)), rng.integers(-3, 3, 4).astype("int32"), rng.standard_normal((6, 7)),
+            rng.standard_normal(4)])
+
+
+def test_a_reduction_domain_that_reads_at_an_earlier_axis():
+    """The gradient sums over ``q``, ``a`` and ``r``, and the range of ``r``
+    reads the key ``I[a, q - i0 // 2]``: in range, since ``q`` runs over
+    ``i0 // 2 ..= i0 // 2 + 1``, but the bounds check took each axis's
+    range outside the loops of the axes before it, where ``q`` is not bound
+    (IndexError at build)."""
+    I = te.placeholder((3, 5), "int64", "I")
+    X = te.placeholder((6, 3), F64, "X")
+    r, s = te.reduce_axis((2, 5), "r"), te.reduce_axis((1, 5), "s")
+
+    def body(a, b, c):
+        col = r // 2 + b
+        total = te.sum(te.if_then_else(te.all(col >= 0, col < 3), X[s, col], 0.0), axis=[r, s],
+                       where=te.equal((c * 2 + s) % 2, 0))
+        return te.select(te.equal(I[a, c], b), total, 0.0)
+    T = te.compute((3, 5, 2), body, name="T")
+    (dX,) = te.gradient(T, [X])
+
+    def reference(i, x):
+        b, c, r, s = ax(0, 5, 0, 4), ax(0, 2, 1, 4), ax(2, 3, 2, 4), ax(1, 4, 3, 4)
+        col = torch.div(r, 2, rounding_mode="floor") + b
+        total = red("sum", torch.where((col < 3) & ((c * 2 + s) % 2 == 0), cread(x, s, col), 0.0), (5, 2), (3, 4))
+        a, b, c = ax(0, 3, 0, 3), ax(0, 5, 1, 3), ax(0, 2, 2, 3)
+        t = torch.where(i[a, c] == b, total, 0.0)
+        return [t, *grad(t, [x])]
+    _agree([I, X], [T, dX], reference, [rng.integers(0, 5, (3, 5)), rng.standard_normal((6, 3))])
