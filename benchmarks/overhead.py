@@ -12,8 +12,8 @@ backward, so the arithmetic is nothing and every microsecond is glue:
 * the two te kernels called directly from numpy (the floor).
 
 Each step is ``y = f(x)`` then the gradient for a fixed head.  The variants
-run interleaved in rounds (a slow spell of a shared machine hits them all);
-each keeps the median of its rounds.  The table gives microseconds per
+run interleaved in rounds (a slow spell of a shared machine hits them all),
+each round in a rotated order; each keeps the median of its rounds.  The table gives microseconds per
 forward + backward and the te op's cost over the plain function: the
 per-call cost of being a te op rather than hand-written numpy.
 """
@@ -102,8 +102,11 @@ def measure(steps: dict, rounds: int, calls: int) -> dict:
         for _ in range(50):
             f()
     times = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, f in steps.items():
+    names = list(steps)
+    for r in range(rounds):
+        # each round in another order: no variant always runs after the same one
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            f = steps[name]
             start = time.perf_counter()
             for _ in range(calls):
                 f()
