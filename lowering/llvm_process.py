@@ -50,9 +50,17 @@ _MASKED = re.compile(r"llvm\.masked\.(?:load|store|gather|scatter|expandload|com
 
 
 def _initialise():
+    """Set up LLVM, once per process.  LLVM 22.1's VectorCombine pass is
+    switched off: when it scalarises a vector operation whose scalar form
+    folds to an instruction that already exists, it copies the vector
+    operation's flags (``exact``, ``nuw``) onto that instruction, and later
+    folds trust them (llvm-project issue 192607): the lane-0 part of
+    ``(i // 2 * 4 + lane) // 4`` made ``i >> 1`` exact, so ``i // 2 * 4``
+    became ``i * 2`` and odd ``i`` read and wrote the wrong elements."""
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
     llvm.initialize_native_asmparser()
+    llvm.set_option("", "-disable-vector-combine")
 
 
 def _machine(spec):
@@ -70,13 +78,19 @@ def masked_wider_than(llvm_ir: str, vector_bytes: int) -> bool:
 
 def _optimised(ir_text: str, tm, vector_bytes: int, slp: bool):
     """``ir_text`` parsed and run through LLVM's -O3 pipeline for ``tm``.
-    The code te emits never has a masked memory operation wider than the
-    target's vectors, but LLVM's SLP vectoriser may make one of strided
-    scalar loads (a max pool's window in float64); type legalisation splits
-    it, where LLVM 22.1 can abort the process ("unknown LocationSize",
-    llvm-project issue 180251).  Such a module is optimised again without
-    the SLP vectoriser; ``slp=False`` (a retry after a hang: ``slp_budget``)
-    never uses it."""
+    LLVM 22.1's SLP vectoriser can leave a module that code generation must
+    not see, which is then optimised again without it:
+
+    * a masked memory operation wider than the target's vectors, made of
+      strided scalar loads (a max pool's window in float64; te never emits
+      one): type legalisation splits it, where LLVM can abort the process
+      ("unknown LocationSize", llvm-project issue 180251);
+    * an invalid module: a shuffle among its own operands (a second-order
+      gradient of ``sigmoid(log(x² + 1))`` found by the fuzzer), on which
+      instruction selection asserts ("Already set a value for this node").
+
+    ``slp=False`` (a retry after a hang: ``slp_budget``) never uses it.  A
+    module still invalid without it raises ``RuntimeError``."""
     for with_slp in (True, False) if slp else (False,):
         module = llvm.parse_assembly(ir_text)
         module.verify()
@@ -86,9 +100,19 @@ def _optimised(ir_text: str, tm, vector_bytes: int, slp: bool):
         pto.loop_unrolling = True
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(module, pb)
-        if not masked_wider_than(str(module), vector_bytes):
-            break
+        if with_slp and _sound(module, vector_bytes):
+            return module
+    module.verify()
     return module
+
+
+def _sound(module, vector_bytes: int) -> bool:
+    """Whether an optimised ``module`` is valid and safe to generate code for."""
+    try:
+        module.verify()
+    except RuntimeError:
+        return False
+    return not masked_wider_than(str(module), vector_bytes)
 
 
 def optimise(ir_text: str, spec, vector_bytes: int, slp: bool = True) -> str:
@@ -223,10 +247,12 @@ def run(operation: str, *args, what: str = "a kernel"):
 
 def slp_budget(ir_text: str) -> float:
     """Seconds an optimisation of ``ir_text`` may take with the SLP vectoriser.
-    LLVM 22.1's VectorCombine can loop forever on the shuffles SLP makes of
-    some index arithmetic (llvm-project issues 211984 and the fix in pull
-    211717); no te kernel needs more than ~25 ms per KB of IR even on a
-    loaded machine, so four times that plus a fixed allowance is a hang."""
+    LLVM 22.1's VectorCombine looped forever on the shuffles SLP made of some
+    index arithmetic (llvm-project issue 211984, fixed by pull 211717 after
+    22.1); it is switched off (``_initialise``), and this budget keeps any
+    other such loop from hanging a build.  No te kernel needs more than
+    ~25 ms per KB of IR even on a loaded machine, so four times that plus a
+    fixed allowance is a hang."""
     return SLP_SECONDS + SLP_SECONDS_PER_KB * len(ir_text) / 1024
 
 

@@ -17,7 +17,7 @@ import weakref
 
 from . import dtype as dt
 from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
-                   is_const, logic_and, logic_or, power, select, unary)
+                   is_const, logic_and, logic_not, logic_or, power, select, unary)
 from .visit import children, conjuncts, topo_order
 
 
@@ -76,7 +76,11 @@ _BINOP = _binop_rules()
 RULES = {
     BinOp: lambda e, g: _BINOP[e.op](e, g),
     Unary: lambda e, g: (_UNARY[e.op](e, g),),
-    Select: lambda e, g: (None, _pick(e.cond, g), select(e.cond, _zero(g), g)),
+    # the else branch's adjoint is a guard too (``select(not c, g, 0)``, not
+    # ``select(c, 0, g)``): peeled, it stays outermost around the factors the
+    # rules below multiply it with and around the head, so a non-finite value
+    # there does not meet its 0 where the branch is not taken
+    Select: lambda e, g: (None, _pick(e.cond, g), _pick(logic_not(e.cond), g)),
     Cast: lambda e, g: (cast(e.a.dtype, g),),
 }
 

@@ -49,7 +49,7 @@ from .pretty import expr_str
 from .sharing import canonical_var
 from .tensor import Tensor
 from .term import read_guards
-from .visit import free_vars, substitute, topo_order
+from .visit import eager_children, free_vars, substitute, topo_order
 
 log = logging.getLogger("te_autodiff.zero_elim")
 
@@ -239,9 +239,13 @@ class _Sum:
         no sort, each row's positions added in order at their keys.  The
         value is computed only where ``rows`` hold (other batch rows are never
         read, other positions of the box are not the program's, and their
-        reads may be out of range)."""
+        reads may be out of range), and where the reads it always makes are
+        in range: conditions on other outer variables may keep a read in
+        range (``X[b + b % 2]`` read where it equals ``i < 2``) and exclude
+        no row, and the summand is zero wherever the program made no read."""
         inner = [c for c in self.conds if free_vars(c) & set(self.axes)]
-        value = select(all_(*rows, *inner), self.body, const(0, self.body.dtype)) if rows or inner else self.body
+        guards = list(dict.fromkeys(rows + inner + read_guards([self.body], eager_children)))
+        value = select(all_(*guards), self.body, const(0, self.body.dtype)) if guards else self.body
         owners = (free_vars(value) | free_vars(key)) - set(self.axes)
         if len(positions) != len(self.axes) or v in free_vars(value) or not owners - {v} <= set(batch):
             return False

@@ -45,14 +45,15 @@ def naive(term: Term) -> Expr:
     return reduce("sum", select(hit, term.value, const(0, term.dtype)), term.sum_axes, term.sum_doms)
 
 
-def read_guards(indices) -> list:
+def read_guards(indices, kids=None) -> list:
     """Conditions keeping in range the tensor reads inside ``indices`` (a key
     read from data, ``J[k - 1]``) whose indices may leave their tensor over
     their variables' ranges, inner reads first.  A term's summand is zero
     where they fail (the program never read there); as its guard they keep
-    zero elimination and the naive sum from reading there."""
+    zero elimination and the naive sum from reading there.  ``kids`` (as for
+    ``topo_order``) limits the reads looked at."""
     conds = []
-    for node in topo_order(list(indices)):
+    for node in topo_order(list(indices), kids):
         if isinstance(node, Load):
             for e, n in zip(node.indices, node.tensor.shape):
                 lo, hi = _range(e)

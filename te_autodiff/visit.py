@@ -32,6 +32,19 @@ def children(e: Expr) -> tuple:
     return ()
 
 
+def eager_children(e: Expr) -> tuple:
+    """The sub-expressions of ``e`` evaluated whenever ``e`` is: not a
+    select's branches, the right operand of ``and``/``or`` or a reduction's
+    body (each evaluated only where a condition holds)."""
+    if isinstance(e, Select):
+        return (e.cond,)
+    if isinstance(e, Logic):
+        return (e.a,)
+    if isinstance(e, Reduce):
+        return tuple(x for dom in e.doms for x in dom)
+    return children(e)
+
+
 def _logic(e, k):
     if e.op == "not":
         return logic_not(k[0])

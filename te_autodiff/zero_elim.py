@@ -269,6 +269,15 @@ class _Gather:
         # out of the sum, unless conditions inside the sum guard it (outside, it
         # would read wherever the guards hold, though the sum may be empty there)
         invariant, body = _factor_out(core, set(axes)) if not inner else (None, core)
+        if invariant is not None:
+            # k·Σ_r f(r) equals Σ_r k·f(r) only where the sum has a term: where it
+            # has none (a key no position holds) the sum is 0 and k·0 is NaN for
+            # a non-finite k, which the program never multiplied by anything
+            nonempty = _nonempty(axes, doms)
+            if nonempty is None:
+                invariant, body = None, core
+            else:
+                guards.append(nonempty)
         if inner:
             body = select(all_(*inner), body, zero)
         result = mul(invariant, reduce("sum", body, axes, doms)) if invariant is not None else \
@@ -380,6 +389,17 @@ def _combine(fn, items):
     for x in items[1:]:
         out = fn(out, x)
     return out
+
+
+def _nonempty(axes, doms):
+    """A condition on the outer variables under which the sum over ``axes`` in
+    ``doms`` has a term, or None when a range depends on another summed axis."""
+    conds = []
+    for _, ext in doms:
+        if free_vars(ext) & set(axes):
+            return None
+        conds.append(compare("gt", ext, 0))
+    return all_(*conds)
 
 
 def _factor_out(body, axes: set):
