@@ -468,3 +468,19 @@ def test_build_checks_the_step_and_refuses_to_recompute_a_scan():
         te.build([X], [Z], recompute=[Y])
     with pytest.raises(NotImplementedError, match="'Y' is a scan"):
         te.jacobian(Y, X)
+
+
+def test_unsupported_scans_are_refused_by_name():
+    """What te.scan does not do yet is a NotImplementedError naming the scan:
+    a scan in the step of another, and gradients with ``optimize=False`` (the
+    unoptimised adjoint of a step reads the reverse state at every time)."""
+    X, S, init = _parts()
+    R = te.placeholder(S.shape, name="R")
+    inner = te.scan(te.compute((1, 3), lambda _, i: X[0, i], name="inner_init"),
+                    te.compute(S.shape, lambda t, i: R[t - 1, i] + S[t - 1, i], name="inner_upd"), R, name="inner")
+    with pytest.raises(NotImplementedError, match="te.scan 'Y': a scan inside the step of another scan"):
+        te.scan(init, te.compute(S.shape, lambda t, i: S[t - 1, i] + inner[t, i], name="upd"), S, name="Y")
+    Y = te.scan(init, te.compute(S.shape, lambda t, i: te.tanh(S[t - 1, i]) * X[t, i], name="upd"), S, name="Y")
+    with pytest.raises(NotImplementedError, match="te.gradient through scan 'Y'.*optimize=False"):
+        te.gradient(Y, [X], optimize=False)
+    assert len(te.gradient(Y, [X])) == 1
