@@ -52,6 +52,7 @@ from .fast_math import FAST_MATH, FAST_MATH_F64
 from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
                       Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
                       stage_buffers, stride, substitute, walk)
+from . import share
 from .target import Target
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -320,7 +321,8 @@ class _FunctionEmitter:
     an ``If`` or loop whose condition or bounds differ between lanes narrows
     it, and a branch no lane takes is skipped."""
 
-    def __init__(self, module: ir.Module, stage: Stage, name: str, target: Target, read=frozenset()):
+    def __init__(self, module: ir.Module, stage: Stage, name: str, target: Target, read=frozenset(),
+                 inline: bool = True):
         self.module = module
         self.target = target
         self.buffers, self.loaded = stage_buffers(stage)
@@ -329,7 +331,7 @@ class _FunctionEmitter:
         args = [PTR] * len(self.buffers) + [I64, I64, PTR]
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
         self.fn.linkage = "internal"
-        self.fn.attributes.add("alwaysinline")
+        self.fn.attributes.add("alwaysinline" if inline else "noinline")
         self.fn.attributes.add("nounwind")
         add_vector_attributes(self.fn, target)
         for arg, buf in zip(self.fn.args, self.buffers):
@@ -777,29 +779,49 @@ def stage_symbol(n: int) -> str:
 def emit_module(program: Program, target: Target, data_layout: str = "", openmp: bool = False) -> ir.Module:
     """An LLVM module for ``target`` with one entry point ``stageN`` per stage
     of ``program`` and ``run_stages`` running a range of them (splitting
-    stages across threads through libgomp's ``GOMP_parallel`` when ``openmp``)."""
+    stages across threads through libgomp's ``GOMP_parallel`` when ``openmp``).
+    Stages that are one template (``share.py``) call one body function, with
+    their own buffers at their own offsets."""
     module = ir.Module(name=program.name)
     module.triple, module.data_layout = target.triple, data_layout
     index = {buf: k for k, buf in enumerate(program.buffers)}
-    entries = []
+    entries = {}
     read = frozenset().union(*(stage_buffers(stage)[1] for stage in program.stages))
-    for n, stage in enumerate(program.stages):
-        body = _FunctionEmitter(module, stage, stage_symbol(n) + ".body", target, read)
-        entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR]),
-                            name=stage_symbol(n))
-        add_vector_attributes(entry, target)
-        entry.attributes.add("noinline")    # one machine code per stage, whatever calls it: the
-        table, lo, hi, err = entry.args     # same bits from run_stages, a thread chunk or Python
-        for arg in (table, err):
-            arg.add_attribute("noalias")
-        b = ir.IRBuilder(entry.append_basic_block("entry"))
-        ptrs = [b.load(b.gep(table, [ir.Constant(I64, index[buf])], source_etype=PTR), typ=PTR)
-                for buf in body.buffers]
-        b.call(body.fn, ptrs + [lo, hi, err])
-        b.ret_void()
-        entries.append(entry)
-    _emit_run_stages(module, program, entries, openmp, target)
+    number = {id(stage): n for n, stage in enumerate(program.stages)}
+    for k, (template, members) in enumerate(share.group(program.stages, target.alignment, read)):
+        if len(members) == 1:
+            body = _FunctionEmitter(module, template, stage_symbol(number[id(template)]) + ".body", target, read)
+        else:
+            slots = share.slot_buffers(template)
+            shared_read = frozenset(c for c, (buf, _) in zip(slots, members[0].slots) if buf in read)
+            body = _FunctionEmitter(module, template, f"template{k}", target, shared_read, inline=False)
+        for member in members:
+            n = number[id(member.stage)]
+            entries[n] = _entry(module, stage_symbol(n), target, body.fn,
+                                [(index[buf], off, buf.dtype) for buf, off in member.slots])
+    _emit_run_stages(module, program, [entries[n] for n in range(len(program.stages))], openmp, target)
     return module
+
+
+def _entry(module, name, target, body, slots):
+    """``name(i8** buffers, i64 lo, i64 hi, i64* err)``: calls ``body`` with
+    the buffers ``slots`` names (``(table index, element offset, dtype)``)."""
+    entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR]), name=name)
+    add_vector_attributes(entry, target)
+    entry.attributes.add("noinline")    # one machine code per stage, whatever calls it: the
+    table, lo, hi, err = entry.args     # same bits from run_stages, a thread chunk or Python
+    for arg in (table, err):
+        arg.add_attribute("noalias")
+    b = ir.IRBuilder(entry.append_basic_block("entry"))
+    ptrs = []
+    for slot, off, dtype in slots:
+        ptr = b.load(b.gep(table, [ir.Constant(I64, slot)], source_etype=PTR), typ=PTR)
+        if off:
+            ptr = b.gep(ptr, [ir.Constant(I64, off)], inbounds=True, source_etype=MEMORY_TYPE[dtype])
+        ptrs.append(ptr)
+    b.call(body, ptrs + [lo, hi, err])
+    b.ret_void()
+    return entry
 
 
 RUN_STAGES = "run_stages"

@@ -25,6 +25,8 @@ LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled")
 BUFFER_KINDS = ("input", "output", "temp")
 STAGE_BUDGET = 256               # expression nodes of one stage body: LLVM's compile time grows faster
                                  # than linearly with one loop body, so lowering and fusion stop here
+LOOP_NEST_NODES = 32             # what a reduction computed in a stage adds to its size besides its body:
+                                 # the schedule makes it a nest of tiles, K blocks and remainders
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,22 +290,27 @@ def stmt_exprs(s) -> tuple:
     return _STMT_EXPRS[type(s)](s)
 
 
-def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind):
+def _store(s, expr):
+    return Store(s.buffer, expr(s.index), expr(s.value))
+
+
+def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind, store=_store):
     """``s`` rebuilt with every expression it evaluates passed through ``expr``,
-    every local it declares or assigns through ``local`` and every loop's
-    kind given by ``kind(loop)`` (nested statements included); the one
-    statement walker the passes share."""
+    every local it declares or assigns through ``local``, every loop's
+    kind given by ``kind(loop)`` and every store made by ``store(s, expr)``
+    (nested statements included); the one statement walker the passes share."""
+    def go(x):
+        return map_stmt(x, expr, local, kind, store)
     if isinstance(s, Block):
-        return Block(tuple(map_stmt(x, expr, local, kind) for x in s.stmts))
+        return Block(tuple(go(x) for x in s.stmts))
     if isinstance(s, For):
-        return For(s.var, expr(s.lo), expr(s.extent), map_stmt(s.body, expr, local, kind), kind(s))
+        return For(s.var, expr(s.lo), expr(s.extent), go(s.body), kind(s))
     if isinstance(s, Simd):
-        return Simd(s.var, expr(s.lo), s.lanes, expr(s.count), map_stmt(s.body, expr, local, kind))
+        return Simd(s.var, expr(s.lo), s.lanes, expr(s.count), go(s.body))
     if isinstance(s, If):
-        return If(expr(s.cond), map_stmt(s.then, expr, local, kind),
-                  None if s.else_ is None else map_stmt(s.else_, expr, local, kind))
+        return If(expr(s.cond), go(s.then), None if s.else_ is None else go(s.else_))
     if isinstance(s, Store):
-        return Store(s.buffer, expr(s.index), expr(s.value))
+        return store(s, expr)
     if isinstance(s, Alloc):
         return Alloc(local(s.local), None if s.init is None else expr(s.init), s.let)
     if isinstance(s, Assign):
@@ -375,8 +382,10 @@ def simplify_loads(e: Expr) -> Expr:
 def rename(s, mapping: dict):
     """Statement ``s`` with the variables and locals in ``mapping`` replaced;
     load indices (and integer expressions) simplified."""
+    sub = substituter(mapping)
+
     def expr(x):
-        x = simplify_loads(substitute(x, mapping))
+        x = simplify_loads(sub(x))
         return simplify_index(x) if x.dtype.startswith("int") else x
     return map_stmt(s, expr, lambda x: mapping.get(x, x))
 
@@ -388,12 +397,31 @@ _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 class _Printer:
-    """Indented text; every distinct variable gets a distinct name."""
+    """Indented text; every distinct variable gets a distinct name.  With
+    ``slots`` (``{buffer: (name, offset)}``) buffers print as those names,
+    their indices less the offset, and locals print numbered in order of
+    appearance: the text of a stage as its template (``share.py``)."""
 
-    def __init__(self, typed: bool):
+    def __init__(self, typed: bool, slots: dict | None = None):
         self.typed = typed
         self.names = {}
         self.taken = set()
+        self.slots = slots
+        self.locals = {}
+
+    def access(self, buf, index) -> str:
+        if self.slots is None:
+            return f"{buf.name}[{self.expr(index)}]"
+        name, offset = self.slots[buf]
+        if offset:
+            terms, constant = linear_form(index)
+            index = from_linear(terms, constant - offset, index.dtype)
+        return f"{name}[{self.expr(index)}]"
+
+    def local(self, x) -> str:
+        if self.slots is None:
+            return x.name
+        return self.locals.setdefault(x, f"l{len(self.locals)}")
 
     def var(self, v) -> str:
         name = self.names.get(v)
@@ -479,10 +507,10 @@ _FORMAT = {
     Unary: _Printer.unary,
     Cast: lambda p, e: (f"{e.to}({p.expr(e.a)})", 3),
     Select: lambda p, e: (f"select({p.expr(e.cond)}, {p.expr(e.a)}, {p.expr(e.b)})", 3),
-    BufLoad: lambda p, e: (f"{e.buffer.name}[{p.expr(e.index)}]", 3),
+    BufLoad: lambda p, e: (p.access(e.buffer, e.index), 3),
     LaneReduce: lambda p, e: (f"{e.op}_lanes({p.expr(e.value)})", 3),
-    GuardedLoad: lambda p, e: (f"{e.buffer.name}[{p.expr(e.index)}] if {p.expr(e.cond, 0)} else 0", -2),
-    Local: lambda p, e: (e.name, 3),
+    GuardedLoad: lambda p, e: (f"{p.access(e.buffer, e.index)} if {p.expr(e.cond, 0)} else 0", -2),
+    Local: lambda p, e: (p.local(e), 3),
     Load: lambda p, e: (f"{e.tensor.name}[{', '.join(p.expr(i) for i in e.indices)}]", 3),
     Reduce: lambda p, e: (f"{e.op}[{', '.join(p.var(a) for a in e.axes)}]({p.expr(e.body)})", 3),
 }
@@ -493,11 +521,11 @@ _STMT_TEXT = {
     For: _Printer.for_,
     Simd: _Printer.simd,
     If: _Printer.if_,
-    Store: lambda p, s, pad, depth: [f"{pad}{s.buffer.name}[{p.expr(s.index)}] = {p.expr(s.value)}"],
-    Alloc: lambda p, s, pad, depth: ([f"{pad}let {s.local.name} = {p.expr(s.init)}"] if s.let else
-                                     [f"{pad}{s.local.name}: {s.local.dtype}"
+    Store: lambda p, s, pad, depth: [f"{pad}{p.access(s.buffer, s.index)} = {p.expr(s.value)}"],
+    Alloc: lambda p, s, pad, depth: ([f"{pad}let {p.local(s.local)} = {p.expr(s.init)}"] if s.let else
+                                     [f"{pad}{p.local(s.local)}: {s.local.dtype}"
                                       + ("" if s.init is None else f" = {p.expr(s.init)}")]),
-    Assign: lambda p, s, pad, depth: [f"{pad}{s.local.name} = {p.expr(s.value)}"],
+    Assign: lambda p, s, pad, depth: [f"{pad}{p.local(s.local)} = {p.expr(s.value)}"],
     Check: lambda p, s, pad, depth: [f"{pad}check 0 <= {p.expr(s.index)} < {s.extent}"
                                      f"  # {s.tensor} dim {s.dim}, error {s.code}"],
 }
@@ -506,6 +534,11 @@ _STMT_TEXT = {
 def expr_text(e: Expr) -> str:
     """One expression (loop IR or te) as text."""
     return _Printer(False).expr(e)
+
+
+def stmt_text(s, typed: bool = False, slots: dict | None = None) -> str:
+    """One statement as text, its variables named afresh (``slots``: see :class:`_Printer`)."""
+    return "\n".join(_Printer(typed, slots).stmt(s, 0))
 
 
 # ------------------------------------------------------------------- analysis
@@ -526,21 +559,35 @@ def _rebuild(e, kids):
     return rebuild(e, kids)
 
 
+def substituter(mapping: dict, load=None):
+    """A function ``e -> e`` with the variables or locals in ``mapping``
+    replaced and, with ``load``, every buffer read ``x`` (its index already
+    rebuilt) made ``load(x)``; one memo across calls, so the sub-expressions
+    the statements of a stage share are visited once (iterative)."""
+    memo = dict(mapping)
+
+    def go(e: Expr) -> Expr:
+        stack = [(e, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node in memo:
+                continue
+            kids = children(node)
+            if ready or not kids:
+                new = [memo[k] for k in kids]
+                same = not isinstance(node, Select) and all(a is b for a, b in zip(new, kids))
+                new = node if same else _rebuild(node, new)     # (a select may fold)
+                memo[node] = load(new) if load is not None and isinstance(new, (BufLoad, GuardedLoad)) else new
+            else:
+                stack.append((node, True))
+                stack += [(k, False) for k in kids if k not in memo]
+        return memo[e]
+    return go
+
+
 def substitute(e: Expr, mapping: dict) -> Expr:
     """``e`` with the variables or locals in ``mapping`` replaced (memoised, iterative)."""
-    memo = dict(mapping)
-    stack = [(e, False)]
-    while stack:
-        node, ready = stack.pop()
-        if node in memo:
-            continue
-        kids = children(node)
-        if ready or not kids:
-            memo[node] = _rebuild(node, [memo[k] for k in kids]) if kids else node
-        else:
-            stack.append((node, True))
-            stack += [(k, False) for k in kids if k not in memo]
-    return memo[e]
+    return substituter(mapping)(e)
 
 
 def free_leaves(e: Expr) -> set:

@@ -49,7 +49,11 @@ Inlining (trivial, cheap or once per element) happens only while the stage
 the tensor lands in stays within ``STAGE_BUDGET`` expression nodes; past it
 the producer is stored (LLVM's compile time grows faster than linearly with
 the size of one loop body, so a long chain becomes several stages, each
-compiled fast).
+compiled fast).  A lifted reduction is computed in place under the same
+budget, counting ``LOOP_NEST_NODES`` for its loop nest: the gradient of a
+weight shared by the T steps of an unrolled recurrence is a sum of T
+reductions, and past the budget they are stored, each a stage of one
+template (``share.py``).
 
 ``te.build(..., store=[T])`` always gives ``T`` a buffer; ``recompute=[T]``
 always inlines it (a reduction or an output cannot be recomputed: that raises
@@ -84,8 +88,8 @@ from te_autodiff.visit import children, free_vars, rebuild, rewrite, substitute,
 
 from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
 from .key_stages import is_keyed, keyed_stage
-from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local, Program,
-                      Stage, Store, TimeLoop, children as loop_children)
+from .loop_ir import (LOOP_NEST_NODES, STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local,
+                      Program, Stage, Store, TimeLoop, children as loop_children)
 
 TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
@@ -256,7 +260,7 @@ class Plan:
         for t in reversed(computes):
             n, red = evals.get(t, 0), in_reduce.get(t, False)
             once = n <= math.prod(t.shape) and not red
-            grown = size[t] * copies.get(t, 1)
+            grown = (size[t] + (LOOP_NEST_NODES if t in parts else 0)) * copies.get(t, 1)
             fits = all(stage_size[h] + grown <= STAGE_BUDGET for h in hosts.get(t, ()))
             if t in self.outputs or t in store:
                 pass
@@ -266,7 +270,7 @@ class Plan:
                 cheap = w <= TRIVIAL_WORK or (w <= CHEAP_WORK and not red) or once
                 if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
-            elif t in parts and once:
+            elif t in parts and once and fits:
                 self.in_place.add(t)
             if t in self.inlined or t in self.in_place:
                 mult, where = copies.get(t, 1), hosts.get(t, set())

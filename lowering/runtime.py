@@ -297,27 +297,30 @@ class _StagePlan:
     align: int
 
 
-def _estimate_us(stage) -> float:
-    """Estimated time of a stage on one thread, in microseconds: its work
+def _estimate_us(stage, work: int) -> float:
+    """Estimated time of a stage on one thread, in microseconds: its ``work``
     (:func:`_work`; about 12 units per ns in a register-tiled loop) plus the
     bytes of the buffers it touches at about 60 GB/s (L2)."""
-    return _work(stage.body) / 12e3 + sum(b.nbytes for b in stage_buffers(stage)[0]) / 60e3
+    return work / 12e3 + sum(b.nbytes for b in stage_buffers(stage)[0]) / 60e3
 
 
 def plan_stages(program: Program, compiled: Compiled) -> list:
     """How each stage runs: a stage is split across threads when its root loop
     is parallel and it has enough work, in a kernel that is not small (see
     the module doc)."""
-    small = sum(_estimate_us(st) * (st.step.extent if st.step else 1) for st in program.stages) < SERIAL_KERNEL_US
+    work = [_work(st.body) for st in program.stages]
+    estimate = [_estimate_us(st, w) for st, w in zip(program.stages, work)]
+    steps = [st.step.extent if st.step else 1 for st in program.stages]
+    small = sum(e * n for e, n in zip(estimate, steps)) < SERIAL_KERNEL_US
     threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK
     plans = []
-    for stage, fn in zip(program.stages, compiled.stages):
+    for stage, fn, w, us in zip(program.stages, compiled.stages, work, estimate):
         root = stage.body
         parallel = isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const)
         extent = root.extent.value if parallel else 1
-        split = not small and parallel and extent > 1 and _work(root) >= threshold
+        split = not small and parallel and extent > 1 and w >= threshold
         if stage.step is not None:          # a fork and a join at every step: only for long steps
-            split = split and _estimate_us(stage) >= STEP_PARALLEL_US
+            split = split and us >= STEP_PARALLEL_US
         plans.append(_StagePlan(fn, extent, split, chunk_align(stage)))
     return plans
 

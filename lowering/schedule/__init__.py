@@ -108,14 +108,20 @@ then move before it (``hoist.py``).
 
 A stage that already holds a ``Simd`` loop is left alone, so the pass is
 idempotent; so is a ``fixed`` stage, written by hand (``key_stages.py``).
+
+Stages that are one loop nest over other buffers (the steps of an unrolled
+recurrence: ``share.py``) are scheduled once, as their template; each
+instance gets the template's schedule over its own buffers and temporaries.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..loop_ir import Program, Simd, Stage, walk
+from .. import share
+from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
 from .hoist import hoist_invariants
+from .ir import temporary
 from .blocking import SPLIT_MIN_WORK, TILE_VECTORS, Blocking, blocking
 from .lane_reduction import dot_tiles, in_lanes, reduce_in_lanes
 from .nest import Nest, as_nest
@@ -163,13 +169,40 @@ def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) ->
     return packed + out
 
 
+def _instances(template: Stage, members: list, taken: set, new_buffers: list, bl: Blocking) -> list:
+    """The schedule of ``template`` made once and placed into each member (a
+    :class:`~lowering.share.Form`); each member gets temporaries of its own."""
+    made = []
+    derived = schedule_stage(template, set(taken), made, bl)
+    slots = share.slot_buffers(template)
+    out = []
+    for member in members:
+        names = {canon.name: buf.name for canon, (buf, _) in zip(slots, member.slots)}
+        names[template.name] = member.stage.name
+
+        def named(name):
+            head, dot, rest = name.partition(".")
+            return names.get(head, f"{member.stage.name}.{head}") + dot + rest
+
+        temps = {t: temporary(named(t.name), t.shape, t.dtype, taken, new_buffers) for t in made}
+        out.append([replace(share.instance(d, member, slots, temps), name=named(d.name)) for d in derived])
+    return out
+
+
 def schedule(program: Program, target: Target) -> Program:
     """``program`` with every stage scheduled for ``target`` (see the module
     doc); a pure function."""
     bl = blocking(target)
-    stages, new_buffers = [], []
+    new_buffers, done = [], {}
     taken = {b.name for b in program.buffers}
-    for st in program.stages:            # a scan's step stays in its time loop, copies included
-        stages += [replace(s, step=st.step) for s in schedule_stage(st, taken, new_buffers, bl)]
+    read = frozenset().union(*(stage_buffers(st)[1] for st in program.stages))
+    for template, members in share.group(program.stages, target.alignment, read):
+        if len(members) == 1:
+            done[id(template)] = schedule_stage(template, taken, new_buffers, bl)
+            continue
+        for member, stages in zip(members, _instances(template, members, taken, new_buffers, bl)):
+            done[id(member.stage)] = stages
+    stages = [replace(s, step=st.step) for st in program.stages   # a scan's step stays in its time
+              for s in done[id(st)]]                              # loop, copies included
     return Program(program.name, program.buffers + tuple(new_buffers), tuple(hoist_invariants(stages)),
                    program.results, program.checks)

@@ -1,0 +1,93 @@
+"""Stages of one template (``lowering/share.py``): an unrolled recurrence's
+steps are scheduled once and compiled as one LLVM function, each step
+calling it with its own buffers at its own offsets, and the results are
+those of a numpy implementation written by hand and of finite differences."""
+import re
+
+import numpy as np
+import pytest
+
+import te_autodiff as te
+from benchmarks.kernels import _rnn_np as rnn_numpy
+from lowering import share
+from lowering.loop_ir import Buffer, BufLoad, For, Stage, Store, stage_buffers
+from lowering.pipeline import lower_for
+
+
+def unrolled_rnn(T, B, H, I, dtype="float32"):
+    """``h_t = tanh(h_(t-1) Wᵀ + x_t Uᵀ)``, h_0 = 0, written as T computes; loss Σ h_T·G."""
+    X = te.placeholder((T, B, I), dtype, "X")
+    W = te.placeholder((H, H), dtype, "W")
+    U = te.placeholder((H, I), dtype, "U")
+    G = te.placeholder((B, H), dtype, "G")
+    h = te.compute((B, H), lambda b, i: te.const(0.0, dtype), name="h0")
+    for t in range(T):
+        j, q = te.reduce_axis(H, "j"), te.reduce_axis(I, "q")
+        h = te.compute((B, H), lambda b, i, h=h, t=t, j=j, q=q: te.tanh(
+            te.sum(h[b, j] * W[i, j], axis=j) + te.sum(X[t, b, q] * U[i, q], axis=q)), name=f"h{t + 1}")
+    r, s = te.reduce_axis(B, "r"), te.reduce_axis(H, "s")
+    loss = te.compute((), lambda: te.sum(h[r, s] * G[r, s], axis=[r, s]), name="loss")
+    return [X, W, U, G], loss
+
+
+def _arrays(shape_of, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(s) * k).astype(dtype) for s, k in shape_of]
+
+
+@pytest.mark.parametrize("T, B, H, I", [(6, 32, 32, 16), (5, 3, 5, 7)])
+def test_an_unrolled_rnn_and_its_gradient_match_numpy(T, B, H, I):
+    """(6, 32, 32, 16): the rows of X and dX are whole multiples of the buffer
+    alignment, so the steps share templates; (5, 3, 5, 7): odd sizes, where
+    only offsets into inputs may move into a pointer."""
+    ins, loss = unrolled_rnn(T, B, H, I)
+    grads = te.gradient(loss, ins[:3])
+    kernel = te.build(ins, [loss, *grads])
+    values = _arrays([((T, B, I), 0.5), ((H, H), 0.3), ((H, I), 0.3), ((B, H), 1.0)], "float32")
+    got = kernel(*values)
+    loss_np, grads_np, _ = rnn_numpy(*[v.astype(np.float64) for v in values])   # BPTT by hand
+    want = [loss_np, *grads_np]
+    for name, a, b in zip(["loss", "dX", "dW", "dU"], got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+def test_an_unrolled_rnn_gradient_matches_finite_differences():
+    ins, loss = unrolled_rnn(3, 2, 4, 3, "float64")
+    values = _arrays([((3, 2, 3), 0.5), ((4, 4), 0.4), ((4, 3), 0.4), ((2, 4), 1.0)], "float64")
+    te.check_gradient(loss, ins, values, rtol=1e-5, atol=1e-7)
+
+
+def test_the_steps_of_an_unrolled_rnn_are_one_template_each():
+    """Forward steps 2..T, and the backward steps, are instances of a few
+    templates: the schedule runs once per template and the module defines one
+    body function per template, whatever T (from T = 8, when every kind of step
+    has a twin)."""
+    counts = {}
+    for T in (8, 16):
+        ins, loss = unrolled_rnn(T, 32, 32, 16)
+        p = lower_for(ins, [loss, *te.gradient(loss, ins[:3])])
+        read = frozenset().union(*(stage_buffers(st)[1] for st in p.scheduled.stages))
+        groups = share.group(p.scheduled.stages, p.target.alignment, read)
+        shared = [members for _, members in groups if len(members) > 1]
+        assert any(len(members) >= T - 1 for members in shared), [len(m) for m in shared]
+        kernel = te.build(ins, [loss, *te.gradient(loss, ins[:3])])
+        counts[T] = len(re.findall(r"define internal fastcc void @template", kernel.llvm_ir))
+        assert counts[T] >= 1
+    assert counts[8] == counts[16], counts
+
+
+def test_an_offset_moves_into_the_pointer_only_when_it_keeps_it_aligned():
+    """A temporary read at an offset that is not a multiple of the alignment
+    keeps the offset in its indices (the template's alignment promise would be
+    false); an input may move any offset."""
+    from te_autodiff.expr import Var, const
+    i = Var("i", "int64")
+    out = Buffer("out", (8,), "float32", "output")
+    src_temp = Buffer("t", (64,), "float32", "temp")
+    src_input = Buffer("x", (64,), "float32", "input")
+    for src, moved in ((src_temp, {3: 0, 16: 16}), (src_input, {3: 3, 16: 16})):
+        for off, want in moved.items():
+            body = For(i, const(0, "int64"), const(8, "int64"),
+                       Store(out, i, BufLoad(src, i + const(off, "int64"))), "parallel")
+            f = share.form(Stage("out", out, body), 64)
+            assert dict(f.slots)[src] == want, (src.kind, off)
