@@ -57,6 +57,7 @@ from .target import Target
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
+_ENTRY = ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR])   # stageN(buffers, lo, hi, err)
 VALUE_TYPE = {"bool": I1, "int32": ir.IntType(32), "int64": I64,
               "float32": ir.FloatType(), "float64": ir.DoubleType()}
 MEMORY_TYPE = {**VALUE_TYPE, "bool": I8}
@@ -776,19 +777,29 @@ def stage_symbol(n: int) -> str:
     return f"stage{n}"
 
 
-def emit_module(program: Program, target: Target, data_layout: str = "", openmp: bool = False) -> ir.Module:
-    """An LLVM module for ``target`` with one entry point ``stageN`` per stage
-    of ``program`` and ``run_stages`` running a range of them (splitting
-    stages across threads through libgomp's ``GOMP_parallel`` when ``openmp``).
-    Stages that are one template (``share.py``) call one body function, with
-    their own buffers at their own offsets."""
-    module = ir.Module(name=program.name)
-    module.triple, module.data_layout = target.triple, data_layout
-    index = {buf: k for k, buf in enumerate(program.buffers)}
-    entries = {}
+def emit_modules(program: Program, target: Target, data_layout: str = "", openmp: bool = False,
+                 parts: int = 1) -> list:
+    """LLVM modules for ``target``, at most ``parts`` of them (see
+    :func:`partition`), together one entry point ``stageN`` per stage of
+    ``program`` and, in the first, ``run_stages`` running a range of them
+    (splitting stages across threads through libgomp's ``GOMP_parallel``
+    when ``openmp``).  Stages that are one template (``share.py``) call one
+    body function, with their own buffers at their own offsets; a template
+    and its entries are in one module, and the first module declares the
+    entries the others define."""
     read = frozenset().union(*(stage_buffers(stage)[1] for stage in program.stages))
+    groups = share.group(program.stages, target.alignment, read)
+    part_of = partition([len(members[0].key[0]) for _, members in groups], parts)
+    modules = []
+    for _ in range(max(part_of, default=0) + 1):
+        module = ir.Module(name=f"{program.name}.{len(modules)}" if modules else program.name)
+        module.triple, module.data_layout = target.triple, data_layout
+        modules.append(module)
+    index = {buf: k for k, buf in enumerate(program.buffers)}
     number = {id(stage): n for n, stage in enumerate(program.stages)}
-    for k, (template, members) in enumerate(share.group(program.stages, target.alignment, read)):
+    entries = {}
+    for k, (template, members) in enumerate(groups):
+        module = modules[part_of[k]]
         if len(members) == 1:
             body = _FunctionEmitter(module, template, stage_symbol(number[id(template)]) + ".body", target, read)
         else:
@@ -799,14 +810,34 @@ def emit_module(program: Program, target: Target, data_layout: str = "", openmp:
             n = number[id(member.stage)]
             entries[n] = _entry(module, stage_symbol(n), target, body.fn,
                                 [(index[buf], off, buf.dtype) for buf, off in member.slots])
-    _emit_run_stages(module, program, [entries[n] for n in range(len(program.stages))], openmp, target)
-    return module
+    main = modules[0]
+    _emit_run_stages(main, program, [entries[n] if entries[n].module is main else
+                                     ir.Function(main, _ENTRY, name=stage_symbol(n))
+                                     for n in range(len(program.stages))], openmp, target)
+    return modules
+
+
+PART_TEXT = 8_000       # loop-IR text (characters) worth an LLVM process of its own: ~0.15 s of LLVM time
+
+
+def partition(sizes: list, parts: int) -> list:
+    """The module each of the stage groups of ``sizes`` (their loop-IR text
+    lengths, which LLVM's time follows) goes to: at most ``parts`` modules,
+    one per ``PART_TEXT`` of text, balanced by giving each group, largest
+    first, to the module with the least text so far.  Module 0 also holds
+    ``run_stages``."""
+    count = max(1, min(parts, sum(sizes) // PART_TEXT))
+    load, out = [0] * count, [0] * len(sizes)
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        out[k] = load.index(min(load))
+        load[out[k]] += sizes[k]
+    return out
 
 
 def _entry(module, name, target, body, slots):
     """``name(i8** buffers, i64 lo, i64 hi, i64* err)``: calls ``body`` with
     the buffers ``slots`` names (``(table index, element offset, dtype)``)."""
-    entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, PTR]), name=name)
+    entry = ir.Function(module, _ENTRY, name=name)
     add_vector_attributes(entry, target)
     entry.attributes.add("noinline")    # one machine code per stage, whatever calls it: the
     table, lo, hi, err = entry.args     # same bits from run_stages, a thread chunk or Python

@@ -16,6 +16,8 @@ Why a child process:
   kills the child and raises ``RuntimeError``.  A child whose parent has gone
   (killed, or timed out itself) exits within a second instead of running on
   as an orphan.
+* **Time.**  There is one child per core (at most ``MAX_WORKERS``):
+  ``run_all`` compiles the parts of a large program at once, one per child.
 
 The child is this file run as a script: it imports llvmlite and nothing of
 te-autodiff, reads pickled ``(operation, arguments)`` requests on stdin and
@@ -24,6 +26,7 @@ child can be started) runs the same functions in this process instead.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import pickle
@@ -39,6 +42,7 @@ import llvmlite.binding as llvm
 
 log = logging.getLogger("te_autodiff.llvm")
 
+MAX_WORKERS = 4                 # LLVM processes at most (each holds ~150 MB)
 RESTART_AFTER = 256             # requests one child serves before it is replaced (its leak: ~25 MB)
 TIMEOUT = 300.0                 # seconds one request may take (a large kernel takes a few)
 SLP_SECONDS, SLP_SECONDS_PER_KB = 10.0, 0.1     # see slp_budget
@@ -132,7 +136,16 @@ def assembly(ir_text: str, spec) -> str:
     return _machine(spec).emit_assembly(llvm.parse_assembly(ir_text))
 
 
-_OPERATIONS = {"optimise": optimise, "compile_object": compile_object, "assembly": assembly}
+def link(ir_texts: list) -> str:
+    """The modules ``ir_texts`` linked into one (the parts of a program, each
+    calling the others' functions), as text."""
+    module = llvm.parse_assembly(ir_texts[0])
+    for text in ir_texts[1:]:
+        module.link_in(llvm.parse_assembly(text))
+    return str(module)
+
+
+_OPERATIONS = {"optimise": optimise, "compile_object": compile_object, "assembly": assembly, "link": link}
 _OPTIMISING = ("optimise", "compile_object")
 
 
@@ -207,42 +220,98 @@ class _Child:
         self.stderr.close()
 
 
-_lock = threading.Lock()
-_child: _Child | None = None
+class _Worker:
+    """One of the parent's LLVM processes: its child (started on first use)
+    and the lock that gives it one request at a time."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.child: _Child | None = None
+
+
+def _worker_count() -> int:
+    """How many LLVM processes may compile at once: one per core this process
+    may run on, at most ``MAX_WORKERS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:          # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
+
+
+_workers = [_Worker() for _ in range(_worker_count())]
 _in_process = os.environ.get("TE_LLVM_PROCESS", "1") == "0"
 _initialised = False
 
 
 def _after_fork_in_child():
-    """A forked process must not talk to its parent's child: it starts its own."""
-    global _lock, _child
-    _lock = threading.Lock()
-    _child = None
+    """A forked process must not talk to its parent's children: it starts its own."""
+    global _workers
+    _workers = [_Worker() for _ in range(_worker_count())]
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def run(operation: str, *args, what: str = "a kernel"):
-    """``operation`` (a name of ``_OPERATIONS``) on ``args``, in the child
-    process; ``what`` names the kernel in the errors.  An optimisation that
-    takes far longer than its module's size warrants is stopped and run again
-    without the SLP vectoriser (see ``slp_budget``)."""
+def _start(slot: _Worker):
+    """Start ``slot``'s child if it has none (its lock held); where no child
+    can be started, LLVM runs in this process from then on."""
+    global _in_process
+    if not _in_process and slot.child is None:
+        try:
+            slot.child = _Child()
+        except OSError:             # no interpreter to start: stay in this process
+            _in_process = True
+
+
+def start():
+    """Start every LLVM process that is not running, without waiting for it:
+    a child imports LLVM while this process lowers and schedules a program."""
+    for slot in _workers:
+        if slot.lock.acquire(blocking=False):   # a busy one is running
+            try:
+                _start(slot)
+            finally:
+                slot.lock.release()
+
+
+def workers() -> int:
+    """How many requests ``run_all`` runs at once."""
+    return 1 if _in_process else len(_workers)
+
+
+def run(operation: str, *args, what: str = "a kernel", worker: int = 0):
+    """``operation`` (a name of ``_OPERATIONS``) on ``args``, in LLVM process
+    number ``worker``; ``what`` names the kernel in the errors.  An
+    optimisation that takes far longer than its module's size warrants is
+    stopped and run again without the SLP vectoriser (see ``slp_budget``)."""
     timeout = _timeout()
     if operation in _OPTIMISING:
         budget = slp_budget(args[0])
         if budget < timeout:
             try:
-                return _ask(operation, args, budget, what)
+                return _ask(operation, args, budget, what, worker)
             except TimeoutError:
                 log.warning("LLVM did not optimise %s within %.0f s; optimising it again without the SLP "
                             "vectoriser", what, budget)
                 args = (*args, False)
     try:
-        return _ask(operation, args, timeout, what)
+        return _ask(operation, args, timeout, what, worker)
     except TimeoutError:
         raise RuntimeError(f"LLVM did not finish compiling {what} within {timeout:g} s (TE_LLVM_TIMEOUT); "
                            "its process was stopped and the next build starts a new one") from None
+
+
+def run_all(operation: str, requests: list, what: str = "a kernel") -> list:
+    """``run(operation, *args)`` for each ``args`` of ``requests``, at once in
+    as many LLVM processes (the parent's threads wait on their pipes), in
+    order; the first failure is raised once all have answered."""
+    if len(requests) <= 1 or workers() == 1:
+        return [run(operation, *args, what=what) for args in requests]
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        answers = [pool.submit(run, operation, *args, what=what, worker=k % len(_workers))
+                   for k, args in enumerate(requests)]
+    return [answer.result() for answer in answers]
 
 
 def slp_budget(ir_text: str) -> float:
@@ -256,38 +325,45 @@ def slp_budget(ir_text: str) -> float:
     return SLP_SECONDS + SLP_SECONDS_PER_KB * len(ir_text) / 1024
 
 
-def _ask(operation: str, args: tuple, timeout: float, what: str):
-    """One request, in the child (started if needed) or in this process;
-    ``TimeoutError`` (the child killed) after ``timeout`` seconds."""
-    global _child, _in_process, _initialised
-    with _lock:
-        if not _in_process and _child is None:
-            try:
-                _child = _Child()
-            except OSError:             # no interpreter to start: stay in this process
-                _in_process = True
-        if _in_process:
+def _ask(operation: str, args: tuple, timeout: float, what: str, worker: int):
+    """One request, in LLVM process ``worker`` (started if needed) or in this
+    process; ``TimeoutError`` (the child killed) after ``timeout`` seconds."""
+    global _initialised
+    slot = _workers[worker]
+    with slot.lock:
+        _start(slot)
+        answer = None if _in_process else _answer(slot, operation, args, timeout, what)
+    if answer is None:
+        with _workers[0].lock:          # LLVM in this process: one request at a time
             if not _initialised:
                 _initialise()
                 _initialised = True
             return _OPERATIONS[operation](*args)
-        child = _child
-        try:
-            status, value = child.ask(operation, args, timeout)
-        except TimeoutError:
-            _child = None
-            child.kill()
-            raise
-        except (EOFError, OSError, pickle.UnpicklingError):
-            _child = None
-            raise RuntimeError(f"LLVM crashed while compiling {what} ({child.crash_report()}); "
-                               "the next build starts a new LLVM process") from None
-        if child.served >= RESTART_AFTER:
-            _child = None
-            child.close()
+    status, value = answer
     if status == "error":
         raise RuntimeError(f"LLVM failed on {what}: {value}")
     return value
+
+
+def _answer(slot: _Worker, operation: str, args: tuple, timeout: float, what: str) -> tuple:
+    """``slot``'s child's ``(status, value)`` for one request (its lock held);
+    a child that dies or times out is dropped, and one that served
+    ``RESTART_AFTER`` requests is retired."""
+    child = slot.child
+    try:
+        answer = child.ask(operation, args, timeout)
+    except TimeoutError:
+        slot.child = None
+        child.kill()
+        raise
+    except (EOFError, OSError, pickle.UnpicklingError):
+        slot.child = None
+        raise RuntimeError(f"LLVM crashed while compiling {what} ({child.crash_report()}); "
+                           "the next build starts a new LLVM process") from None
+    if child.served >= RESTART_AFTER:
+        slot.child = None
+        child.close()
+    return answer
 
 
 def _timeout() -> float:

@@ -413,10 +413,14 @@ class _Printer:
         if self.slots is None:
             return f"{buf.name}[{self.expr(index)}]"
         name, offset = self.slots[buf]
-        if offset:
-            terms, constant = linear_form(index)
-            index = from_linear(terms, constant - offset, index.dtype)
-        return f"{name}[{self.expr(index)}]"
+        form = linear_form(index)
+        if form is None:
+            return f"{name}[{self.expr(index)}]"
+        # one text for every order of the terms: the step with X[t] at t = 0
+        # and the one at 2048 + ... built their sums in different orders
+        terms, constant = form
+        atoms = sorted(f"{k}*{self.expr(atom)}:{atom.dtype}" for atom, k in terms.items())
+        return f"{name}[{' + '.join(atoms + [str(constant - offset)])}:{index.dtype}]"
 
     def local(self, x) -> str:
         if self.slots is None:

@@ -50,10 +50,11 @@ the tensor lands in stays within ``STAGE_BUDGET`` expression nodes; past it
 the producer is stored (LLVM's compile time grows faster than linearly with
 the size of one loop body, so a long chain becomes several stages, each
 compiled fast).  A lifted reduction is computed in place under the same
-budget, counting ``LOOP_NEST_NODES`` for its loop nest: the gradient of a
-weight shared by the T steps of an unrolled recurrence is a sum of T
-reductions, and past the budget they are stored, each a stage of one
-template (``share.py``).
+budget, counting ``LOOP_NEST_NODES`` for its loop nest, and the reductions
+lifted out of one tensor are in place all or none: the gradient of a weight
+shared by the T steps of an unrolled recurrence is a sum of T reductions,
+and past the budget they are all stored, each a stage of one template
+(``share.py``).
 
 ``te.build(..., store=[T])`` always gives ``T`` a buffer; ``recompute=[T]``
 always inlines it (a reduction or an output cannot be recomputed: that raises
@@ -256,7 +257,7 @@ class Plan:
         # reduction; the stages (hosts) its body would be emitted into, how many
         # copies of it, and the size each stage has reached
         evals, in_reduce, copies, hosts, stage_size, red_reads = {}, {}, {}, {}, {}, {}
-        self.inlined, self.in_place = set(), set()
+        self.inlined, self.in_place, apart = set(), set(), set()
         for t in reversed(computes):
             n, red = evals.get(t, 0), in_reduce.get(t, False)
             once = n <= math.prod(t.shape) and not red
@@ -270,7 +271,7 @@ class Plan:
                 cheap = w <= TRIVIAL_WORK or (w <= CHEAP_WORK and not red) or once
                 if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
-            elif t in parts and once and fits:
+            elif t in parts and once and fits and t not in apart:
                 self.in_place.add(t)
             if t in self.inlined or t in self.in_place:
                 mult, where = copies.get(t, 1), hosts.get(t, set())
@@ -279,6 +280,13 @@ class Plan:
             else:
                 n, red, mult, where = math.prod(t.shape), False, 1, {t}
                 stage_size[t] = size[t]
+            # the reductions lifted out of t are computed in place all or none:
+            # stored, terms of one structure (the T steps' shares of a shared
+            # weight's gradient) are one template; in place, each is code of its own
+            terms = [p for p in t.inputs if p in parts]
+            need = sum(size[p] + LOOP_NEST_NODES for p in terms)
+            if any(stage_size[h] + need > STAGE_BUDGET for h in where):
+                apart.update(terms)
             for p, k in _reduction_reads(t).items():
                 red_reads[p] = red_reads.get(p, 0) + n * k
             for p, (k, inside) in _reads(t).items():

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from te_autodiff.tensor import check_name
 
+from . import llvm_process
 from .cost import count_iterations
 from .fuse import fuse
 from .loop_ir import Program
@@ -55,6 +56,7 @@ def build(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Ke
     :func:`lowering.target.target`).  ``store``/``recompute``: tensors always
     kept in a buffer / always inlined (overrides of the store-or-recompute
     rule, see ``lower.py``)."""
+    llvm_process.start()                                                    # LLVM starts meanwhile
     p = lower_for(inputs, outputs, name, store, recompute, target)
     compiled = compile_program(p.scheduled, p.target)                       # 4-5. emit, optimise, JIT
     return Kernel(p.scheduled, compiled, p.inputs, p.outputs, p.plain)    # 6. the callable

@@ -1,8 +1,8 @@
 """Compilation for a :class:`~lowering.target.Target`, execution, and the callable :class:`Kernel`.
 
-LLVM optimises a program and generates its object code in a child process
-(``llvm_process``); the object code is linked into this process by one ORC
-JIT per target, as a library that is unloaded when the last kernel using it
+LLVM optimises a program and generates its object code in child processes
+(``llvm_process``; a large program as one module per process, at once); the
+object code is linked into this process by one ORC JIT per target, as a library that is unloaded when the last kernel using it
 and the cache drop it.  Compiled programs are cached (``CACHE_SIZE``) by
 their typed loop IR text and target, so building the same program twice in
 a process runs LLVM once.  A program
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from .codegen_llvm import RUN_STAGES, chunk_align, emit_module, stage_symbol
+from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_symbol
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stage_buffers, stmt_exprs
 from . import llvm_process
 from .target import Target, data_layout, host_target, initialise_llvm, target_machine
@@ -142,16 +142,25 @@ def _load_openmp():
 class Compiled:
     """A compiled program: its object code linked into this process (the
     ``library`` keeps it loaded), one entry per stage, and the optimised
-    LLVM IR text."""
+    LLVM IR of each module it was compiled as (``codegen_llvm.emit_modules``)."""
 
     library: object
     stages: list
-    llvm_ir: str
+    parts: list
     target: Target
     run_stages: object = None
     openmp: bool = False
     unrunnable: str | None = None     # why this machine cannot run it (cross-compiled)
+    _llvm_ir: str | None = None
     _asm: str | None = None
+
+    @property
+    def llvm_ir(self) -> str:
+        """The optimised LLVM IR, one module (its parts linked on first use)."""
+        if self._llvm_ir is None:
+            self._llvm_ir = (self.parts[0] if len(self.parts) == 1 else
+                             llvm_process.run("link", self.parts))
+        return self._llvm_ir
 
     @property
     def asm(self) -> str:
@@ -172,9 +181,10 @@ def _jit(target: Target):
 
 def compile_program(program: Program, target: Target) -> Compiled:
     """Compile ``program`` for ``target`` (cached by its structure and target):
-    LLVM IR (``codegen_llvm``), then LLVM's optimisation pipeline and code
-    generator (in a child process: ``llvm_process``), then the object code
-    linked into this process, unless this machine cannot run it."""
+    LLVM IR (``codegen_llvm``), as one module per LLVM process when it is
+    large, then LLVM's optimisation pipeline and code generator on each
+    module at once (in child processes: ``llvm_process``), then the object
+    code linked into this process, unless this machine cannot run it."""
     key = (program.text(typed=True), target)
     with _lock:
         hit = _cache.get(key)
@@ -184,21 +194,23 @@ def compile_program(program: Program, target: Target) -> Compiled:
         _initialise()
         unrunnable = target.missing_on_host()
         openmp = _openmp and unrunnable is None
-        ir_text = str(emit_module(program, target, data_layout(target), openmp=openmp))
+        modules = emit_modules(program, target, data_layout(target), openmp=openmp, parts=llvm_process.workers())
+        requests = [(str(module), target.llvm_spec, target.vector_bytes) for module in modules]
         what = f"kernel '{program.name}' for {target.name}"
         if unrunnable is not None:
-            llvm_ir = llvm_process.run("optimise", ir_text, target.llvm_spec, target.vector_bytes, what=what)
-            compiled = Compiled(None, [], llvm_ir, target, unrunnable=unrunnable)
+            parts = llvm_process.run_all("optimise", requests, what=what)
+            compiled = Compiled(None, [], parts, target, unrunnable=unrunnable)
         else:
-            llvm_ir, code = llvm_process.run("compile_object", ir_text, target.llvm_spec, target.vector_bytes,
-                                             what=what)
+            parts, objects = zip(*llvm_process.run_all("compile_object", requests, what=what))
             symbols = [stage_symbol(n) for n in range(len(program.stages))] + [RUN_STAGES]
-            builder = llvm.JITLibraryBuilder().add_object_img(code).add_current_process()
+            builder = llvm.JITLibraryBuilder().add_current_process()
+            for code in objects:
+                builder.add_object_img(code)
             for symbol in symbols:
                 builder.export_symbol(symbol)
             library = builder.link(_jit(target), f"{program.name}_{next(_libraries)}")
             stages = [_STAGE_FN(library[symbol]) for symbol in symbols[:-1]]
-            compiled = Compiled(library, stages, llvm_ir, target, _RUN_FN(library[RUN_STAGES]), openmp)
+            compiled = Compiled(library, stages, list(parts), target, _RUN_FN(library[RUN_STAGES]), openmp)
         _cache[key] = compiled
         if len(_cache) > CACHE_SIZE:        # kernels keep their own library loaded
             _cache.popitem(last=False)
@@ -572,9 +584,7 @@ class Kernel:
         self._dtypes = [np.dtype(t.dtype) for t in self._inputs]
         self._outputs = tuple(outputs)
         self.target = compiled.target
-        self.loop_ir = str(program if lowered is None else lowered)
-        self.scheduled_ir = str(program)
-        self.llvm_ir = compiled.llvm_ir
+        self._lowered = program if lowered is None else lowered
         self.program = program
         self._compiled = compiled
         if compiled.unrunnable is None:
@@ -598,8 +608,19 @@ class Kernel:
         return list(self._outputs)
 
     @property
+    def loop_ir(self) -> str:
+        return str(self._lowered)
+
+    @property
+    def scheduled_ir(self) -> str:
+        return str(self.program)
+
+    @property
+    def llvm_ir(self) -> str:
+        return self._compiled.llvm_ir
+
+    @property
     def asm(self) -> str:
-        """The kernel's machine code for its target, as assembly text."""
         return self._compiled.asm
 
     def _refuse(self, arrays):

@@ -4,8 +4,9 @@ An unrolled recurrence lowers to a stage per step, each the same loop nest
 over other buffers, and at another constant offset into a buffer they share
 (step ``t`` reads ``X[t]``, one row further along ``X``).  :func:`form`
 strips a stage of what makes it one instance: its buffers become numbered
-slots, its locals numbered names (in the key), and the constant that every index into a
-slot has in common moves into the slot's pointer.  Stages with equal
+slots, its locals numbered names, its linear indices sums in one order (in
+the key), and the constant that every index into a slot has in common moves
+into the slot's pointer.  Stages with equal
 :attr:`Form.key` are one :func:`template` over the slots, called with
 different pointers: the schedule runs once per template
 (``schedule/__init__.py``) and LLVM compiles one function for it
@@ -17,8 +18,8 @@ Two promises the template makes hold for every instance:
 * alignment: an offset moves into a pointer only when it is a multiple of
   ``align_bytes`` (the target's buffer alignment), or for an input (whose
   alignment is never assumed);
-* bounds: a slot with a moved offset holds, in the template, the fewest
-  elements any instance has past its pointer, so an index proved in range
+* bounds: a slot whose indices are linear is flat in the template and holds
+  the fewest elements any instance has past its pointer, so an index proved in range
   there is in range in every instance (the schedule's bounds proofs, LLVM's
   ``dereferenceable``).
 """
@@ -46,7 +47,8 @@ class Form:
 
 def _offsets(stage: Stage, buffers: list, align_bytes: int) -> dict:
     """Per buffer, the constant all its indices in ``stage`` share that can
-    move into its pointer (0 when none can)."""
+    move into its pointer (0 when none can), or None when an index is not
+    linear (the slot keeps the buffer's shape)."""
     least, fixed = {}, set()
 
     def see(buf, index):
@@ -67,7 +69,7 @@ def _offsets(stage: Stage, buffers: list, align_bytes: int) -> dict:
         off = least.get(buf, 0)
         item = np.dtype(buf.dtype).itemsize
         movable = buf.kind == "input" or off * item % align_bytes == 0
-        out[buf] = off if buf not in fixed and off > 0 and movable and off < buf.size else 0
+        out[buf] = None if buf in fixed else off if off > 0 and movable and off < buf.size else 0
     return out
 
 
@@ -95,12 +97,12 @@ def _rewrite(body, buffer_map: dict, shift: dict):
 
 
 def _canonical(stage: Stage, slots: tuple, sizes: dict) -> Stage:
-    """``stage`` over its slots: buffer ``k`` becomes ``s<k>`` (of ``sizes[k]``
-    elements, flat, when its offset moved), its indices shifted back by the
-    offset."""
+    """``stage`` over its slots: buffer ``k`` becomes ``s<k>`` (flat, of
+    ``sizes[k]`` elements, when ``k`` is in ``sizes``), its indices shifted
+    back by the offset."""
     buffer_map = {}
     for k, (buf, off) in enumerate(slots):
-        shape = (sizes[k],) if off else buf.shape
+        shape = (sizes[k],) if k in sizes else buf.shape
         buffer_map[buf] = Buffer(f"s{k}", shape, buf.dtype, buf.kind)
     shift = {buf: -off for buf, off in slots if off}
     body = _rewrite(stage.body, buffer_map, shift)
@@ -113,10 +115,12 @@ def form(stage: Stage, align_bytes: int, read: frozenset = frozenset()) -> Form:
     flag in the key: whether its stores may bypass the caches depends on it)."""
     buffers, _ = stage_buffers(stage)
     offsets = _offsets(stage, buffers, align_bytes)
-    slots = tuple((buf, offsets[buf]) for buf in buffers)
+    slots = tuple((buf, offsets[buf] or 0) for buf in buffers)
     text = stmt_text(stage.body, typed=True, slots={buf: (f"s{k}", off) for k, (buf, off) in enumerate(slots)})
-    described = tuple((buf.dtype, buf.kind, buf in read) + ((None,) if off else (buf.shape,))
-                      for buf, off in slots)
+    # a slot whose indices are linear is flat in the template, whatever its
+    # offset: the first step's X[0] and a later step's X[t] are one slot
+    described = tuple((buf.dtype, buf.kind, buf in read) + ((buf.shape,) if offsets[buf] is None else (None,))
+                      for buf in buffers)
     key = (text, described, stage.fixed, stage.sort is not None, stage.step is not None)
     return Form(stage, key, slots)
 
@@ -124,7 +128,7 @@ def form(stage: Stage, align_bytes: int, read: frozenset = frozenset()) -> Form:
 def group(stages, align_bytes: int, read: frozenset = frozenset()) -> list:
     """``[(template, [Form, ...])]``: ``stages`` grouped by key, in order of
     first appearance.  A stage with no twin is its own template (unchanged);
-    the template of a group has, in each slot whose offset moved, the fewest
+    the template of a group has, in each slot of linear indices, the fewest
     elements any member has past its pointer."""
     groups = {}
     for st in stages:
@@ -137,7 +141,7 @@ def group(stages, align_bytes: int, read: frozenset = frozenset()) -> list:
             out.append((only.stage, [Form(only.stage, only.key, tuple((b, 0) for b, _ in only.slots))]))
             continue
         sizes = {k: min(m.slots[k][0].size - m.slots[k][1] for m in members)
-                 for k in range(len(members[0].slots))}
+                 for k, described in enumerate(members[0].key[1]) if described[-1] is None}
         out.append((_canonical(members[0].stage, members[0].slots, sizes), members))
     return out
 

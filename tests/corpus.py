@@ -439,11 +439,12 @@ def masked_too_wide(llvm_ir: str, vector_bytes: int) -> list:
 
 def emitted_ir(kernel) -> str:
     """The LLVM IR te emits for ``kernel`` before LLVM's optimisation pipeline."""
-    from lowering.codegen_llvm import emit_module
+    from lowering.codegen_llvm import emit_modules
     from lowering.target import target_machine
 
     target = kernel.target
-    return str(emit_module(kernel.program, target, str(target_machine(target).target_data)))
+    layout = str(target_machine(target).target_data)
+    return "\n".join(str(module) for module in emit_modules(kernel.program, target, layout))
 
 
 def asm_problems(asm: str, target) -> list:

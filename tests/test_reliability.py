@@ -186,19 +186,80 @@ def test_an_llvm_crash_is_an_exception_and_the_next_build_works(monkeypatch):
     if llvm_process._in_process:
         pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
     _kernel(1001)
-    first = llvm_process._child.process
+    first = llvm_process._workers[0].child.process
     os.kill(first.pid, signal.SIGABRT)
     first.wait(timeout=30)
     with pytest.raises(RuntimeError, match=r"LLVM crashed while compiling kernel 'Y'.*exit status -6"):
         _kernel(1002)
     assert np.array_equal(_kernel(1003)(np.ones(1003, "float32")), np.full(1003, 3, "float32"))
-    second = llvm_process._child.process
+    second = llvm_process._workers[0].child.process
     assert second.pid != first.pid
-    monkeypatch.setattr(llvm_process, "RESTART_AFTER", llvm_process._child.served + 1)
+    monkeypatch.setattr(llvm_process, "RESTART_AFTER", llvm_process._workers[0].child.served + 1)
     _kernel(1004)
-    assert llvm_process._child is None and second.wait(timeout=30) == 0     # replaced on the next build
+    assert llvm_process._workers[0].child is None and second.wait(timeout=30) == 0     # replaced on the next build
     _kernel(1005)
-    assert llvm_process._child.process.pid not in (first.pid, second.pid)
+    assert llvm_process._workers[0].child.process.pid not in (first.pid, second.pid)
+
+
+def _split_program():
+    """A program of several stage groups (an unrolled recurrence and its gradient)."""
+    from tests.test_share import unrolled_rnn
+    ins, loss = unrolled_rnn(3, 4, 8, 5)
+    return ins, [loss, *te.gradient(loss, ins[:3])]
+
+
+def _in_parts(monkeypatch, workers: int):
+    """Compile every program as ``workers`` modules at once in fresh LLVM processes."""
+    from collections import OrderedDict
+
+    from lowering import codegen_llvm, llvm_process, runtime
+    if llvm_process._in_process:
+        pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
+    monkeypatch.setattr(codegen_llvm, "PART_TEXT", 1)
+    monkeypatch.setattr(llvm_process, "_workers", [llvm_process._Worker() for _ in range(workers)])
+    monkeypatch.setattr(runtime, "_cache", OrderedDict())
+
+
+def test_a_program_compiled_in_parts_computes_what_one_module_does(monkeypatch):
+    """A large program is compiled as one LLVM module per LLVM process, all at
+    once (``codegen_llvm.partition``, ``llvm_process.run_all``): the first
+    module's ``run_stages`` calls the stages the others define, and the
+    results are bit for bit those of the program compiled as one module."""
+    ins, outs = _split_program()
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(t.shape).astype("float32") for t in ins]
+    whole = te.build(ins, outs)
+    _in_parts(monkeypatch, 3)
+    split = te.build(ins, outs)
+    assert len(whole._compiled.parts) == 1 and len(split._compiled.parts) == 3
+    for n in range(len(split.program.stages)):
+        assert f"define void @stage{n}(" in split.llvm_ir
+    for a, b in zip(whole(*arrays), split(*arrays)):
+        assert np.array_equal(a, b)
+
+
+def test_an_llvm_crash_in_one_part_is_an_exception(monkeypatch):
+    """When the LLVM process compiling one part of a program dies, the build
+    raises RuntimeError naming the kernel once the other parts are done, and
+    the next build starts a new process for that part."""
+    import os
+    import signal
+
+    from lowering import llvm_process
+    ins, outs = _split_program()
+    _in_parts(monkeypatch, 2)
+    te.build(ins, outs)
+    second = llvm_process._workers[1].child.process
+    os.kill(second.pid, signal.SIGKILL)
+    second.wait(timeout=30)
+    X = te.placeholder((5, 7), name="X")
+    bigger = [te.compute((5, 7), lambda i, j, k=k: X[i, j] * float(k), name=f"Y{k}") for k in range(4)]
+    with pytest.raises(RuntimeError, match=r"LLVM crashed while compiling kernel 'Y0'.*exit status -9"):
+        te.build([X], bigger)
+    x = np.arange(35, dtype="float32").reshape(5, 7)
+    for k, y in enumerate(te.build([X], bigger)(x)):
+        assert np.array_equal(y, x * k)
+    assert llvm_process._workers[1].child.process.pid != second.pid
 
 
 def _stop_llvm_child():
@@ -209,9 +270,9 @@ def _stop_llvm_child():
     from lowering import llvm_process
     if llvm_process._in_process:
         pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
-    if llvm_process._child is None:
+    if llvm_process._workers[0].child is None:
         _kernel(997)
-    child = llvm_process._child.process
+    child = llvm_process._workers[0].child.process
     os.kill(child.pid, signal.SIGSTOP)
     return child
 
@@ -267,7 +328,7 @@ _ORPHAN = textwrap.dedent("""
     ir = "".join(loop.format(k=k) for k in range(12000))
     X = te.placeholder((7,), name="X")
     te.build([X], [te.compute((7,), lambda i: X[i] + 1.0, name="Y")])
-    print(llvm_process._child.process.pid, flush=True)
+    print(llvm_process._workers[0].child.process.pid, flush=True)
     target = te.target()
     llvm_process.run("optimise", ir, target.llvm_spec, target.vector_bytes)
 """)

@@ -91,3 +91,27 @@ def test_an_offset_moves_into_the_pointer_only_when_it_keeps_it_aligned():
                        Store(out, i, BufLoad(src, i + const(off, "int64"))), "parallel")
             f = share.form(Stage("out", out, body), 64)
             assert dict(f.slots)[src] == want, (src.kind, off)
+
+
+def test_steps_at_offset_zero_and_with_their_terms_in_another_order_are_one_template():
+    """The first step reads ``x[b*8 + i]``, a later one ``x[16 + i + b*8]``:
+    one template (the slot is flat, its text canonical).  A step whose index
+    differs in more than the offset is another."""
+    from te_autodiff.expr import Var, const
+    i, b = Var("i", "int64"), Var("b", "int64")
+    x = Buffer("x", (4, 8), "float32", "input")
+    c = lambda v: const(v, "int64")     # noqa: E731
+
+    def stage(n, index):
+        out = Buffer(f"y{n}", (2, 8), "float32", "temp")
+        body = For(b, c(0), c(2), For(i, c(0), c(8), Store(out, b * c(8) + i, BufLoad(x, index))), "parallel")
+        return Stage(out.name, out, body)
+
+    first = stage(0, b * c(8) + i)
+    later = stage(1, c(16) + i + b * c(8))
+    other = stage(2, c(16) + i + b * c(4))
+    groups = share.group([first, later, other], 64)
+    assert [[m.stage.name for m in members] for _, members in groups] == [["y0", "y1"], ["y2"]]
+    template, members = groups[0]
+    assert [dict(m.slots)[x] for m in members] == [0, 16]
+    assert share.slot_buffers(template)[1].shape == (16,)      # the fewest elements past a pointer: 32 - 16
