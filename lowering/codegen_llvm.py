@@ -43,6 +43,8 @@ with an ``sfence``.
 """
 from __future__ import annotations
 
+import re
+
 from llvmlite import ir
 
 from te_autodiff import dtype as dt
@@ -777,19 +779,23 @@ def stage_symbol(n: int) -> str:
     return f"stage{n}"
 
 
-def emit_modules(program: Program, target: Target, data_layout: str = "", openmp: bool = False,
+def stage_groups(program: Program, target: Target) -> list:
+    """``program``'s stages grouped by template (:func:`~lowering.share.group`)."""
+    read = frozenset().union(*(stage_buffers(stage)[1] for stage in program.stages))
+    return share.group(program.stages, target.alignment, read)
+
+
+def emit_modules(program: Program, groups: list, target: Target, data_layout: str = "", openmp: bool = False,
                  parts: int = 1) -> list:
     """LLVM modules for ``target``, at most ``parts`` of them (see
     :func:`partition`), together one entry point ``stageN`` per stage of
     ``program`` and, in the first, ``run_stages`` running a range of them
     (splitting stages across threads through libgomp's ``GOMP_parallel``
-    when ``openmp``).  Stages that are one template (``share.py``) call one
-    body function, with their own buffers at their own offsets; a template
-    and its entries are in one module, and the first module declares the
-    entries the others define."""
-    read = frozenset().union(*(stage_buffers(stage)[1] for stage in program.stages))
-    groups = share.group(program.stages, target.alignment, read)
-    part_of = partition([len(members[0].key[0]) for _, members in groups], parts)
+    when ``openmp``).  The stages of one template (``groups``:
+    :func:`stage_groups`) call one body function, with their own buffers at
+    their own offsets; a template and its entries are in one module, and the
+    first module declares the entries the others define."""
+    part_of = partition([compile_weight(members[0].key[0]) for _, members in groups], parts)
     modules = []
     for _ in range(max(part_of, default=0) + 1):
         module = ir.Module(name=f"{program.name}.{len(modules)}" if modules else program.name)
@@ -800,12 +806,12 @@ def emit_modules(program: Program, target: Target, data_layout: str = "", openmp
     entries = {}
     for k, (template, members) in enumerate(groups):
         module = modules[part_of[k]]
-        if len(members) == 1:
-            body = _FunctionEmitter(module, template, stage_symbol(number[id(template)]) + ".body", target, read)
-        else:
-            slots = share.slot_buffers(template)
-            shared_read = frozenset(c for c, (buf, _) in zip(slots, members[0].slots) if buf in read)
-            body = _FunctionEmitter(module, template, f"template{k}", target, shared_read, inline=False)
+        first = members[0]
+        # the slots some stage reads (share.form's key says which)
+        read = frozenset(c for c, (_, _, is_read, _) in zip(share.slot_buffers(template), first.key[1])
+                         if is_read)
+        name = stage_symbol(number[id(template)]) + ".body" if len(members) == 1 else f"template{k}"
+        body = _FunctionEmitter(module, template, name, target, read, inline=len(members) == 1)
         for member in members:
             n = number[id(member.stage)]
             entries[n] = _entry(module, stage_symbol(n), target, body.fn,
@@ -817,15 +823,25 @@ def emit_modules(program: Program, target: Target, data_layout: str = "", openmp
     return modules
 
 
-PART_TEXT = 8_000       # loop-IR text (characters) worth an LLVM process of its own: ~0.15 s of LLVM time
+# LLVM's time for a stage group, in characters of its loop-IR text: a fixed
+# part for its functions, its text, and for each transcendental function the
+# vector instructions of its inline code (fast_math.py).  Only the ratios
+# matter (they balance the modules); on Zen 3 a character is ~14 us at -O3.
+GROUP_TEXT, MATH_TEXT = 1_000, 600
+PART_TEXT = 10_000      # weight worth an LLVM process of its own: ~0.15 s of LLVM time
+_MATH_CALL = re.compile(r"\b(?:" + "|".join(FAST_MATH) + r")\(")
+
+
+def compile_weight(text: str) -> int:
+    """Roughly how long LLVM takes over a stage group whose typed loop IR is ``text``."""
+    return GROUP_TEXT + len(text) + MATH_TEXT * len(_MATH_CALL.findall(text))
 
 
 def partition(sizes: list, parts: int) -> list:
-    """The module each of the stage groups of ``sizes`` (their loop-IR text
-    lengths, which LLVM's time follows) goes to: at most ``parts`` modules,
-    one per ``PART_TEXT`` of text, balanced by giving each group, largest
-    first, to the module with the least text so far.  Module 0 also holds
-    ``run_stages``."""
+    """The module each of the stage groups of ``sizes`` (their
+    :func:`compile_weight`) goes to: at most ``parts`` modules, one per
+    ``PART_TEXT``, balanced by giving each group, heaviest first, to the
+    module with the least weight so far.  Module 0 also holds ``run_stages``."""
     count = max(1, min(parts, sum(sizes) // PART_TEXT))
     load, out = [0] * count, [0] * len(sizes)
     for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):

@@ -26,7 +26,6 @@ child can be started) runs the same functions in this process instead.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import pickle
@@ -303,15 +302,36 @@ def run(operation: str, *args, what: str = "a kernel", worker: int = 0):
 
 
 def run_all(operation: str, requests: list, what: str = "a kernel") -> list:
-    """``run(operation, *args)`` for each ``args`` of ``requests``, at once in
-    as many LLVM processes (the parent's threads wait on their pipes), in
-    order; the first failure is raised once all have answered."""
+    """``run(operation, *args)`` for each ``args`` of ``requests``, spread over
+    the LLVM processes: each takes the next request as soon as it is done
+    with one (the parent's threads wait on their pipes).  The answers come in
+    order; the first failure is raised once every request has been answered."""
     if len(requests) <= 1 or workers() == 1:
         return [run(operation, *args, what=what) for args in requests]
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        answers = [pool.submit(run, operation, *args, what=what, worker=k % len(_workers))
-                   for k, args in enumerate(requests)]
-    return [answer.result() for answer in answers]
+    pending, lock = iter(enumerate(requests)), threading.Lock()
+    answers, failures = [None] * len(requests), [None] * len(requests)
+
+    def serve(worker: int):
+        while True:
+            with lock:
+                item = next(pending, None)
+            if item is None:
+                return
+            k, args = item
+            try:
+                answers[k] = run(operation, *args, what=what, worker=worker)
+            except Exception as e:      # raised below, in the caller's thread
+                failures[k] = e
+
+    threads = [threading.Thread(target=serve, args=(w,)) for w in range(min(len(_workers), len(requests)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for failure in failures:
+        if failure is not None:
+            raise failure
+    return answers
 
 
 def slp_budget(ir_text: str) -> float:

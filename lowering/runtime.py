@@ -56,8 +56,8 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
-from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_symbol
-from .loop_ir import Block, Const, For, If, Program, Simd, children, stage_buffers, stmt_exprs
+from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
+from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
 from . import llvm_process
 from .target import Target, data_layout, host_target, initialise_llvm, target_machine
 
@@ -148,6 +148,7 @@ class Compiled:
     stages: list
     parts: list
     target: Target
+    costs: list                       # (work, bytes) per stage: _stage_costs
     run_stages: object = None
     openmp: bool = False
     unrunnable: str | None = None     # why this machine cannot run it (cross-compiled)
@@ -194,12 +195,14 @@ def compile_program(program: Program, target: Target) -> Compiled:
         _initialise()
         unrunnable = target.missing_on_host()
         openmp = _openmp and unrunnable is None
-        modules = emit_modules(program, target, data_layout(target), openmp=openmp, parts=llvm_process.workers())
+        groups = stage_groups(program, target)
+        modules = emit_modules(program, groups, target, data_layout(target), openmp=openmp,
+                               parts=llvm_process.workers())
         requests = [(str(module), target.llvm_spec, target.vector_bytes) for module in modules]
         what = f"kernel '{program.name}' for {target.name}"
         if unrunnable is not None:
             parts = llvm_process.run_all("optimise", requests, what=what)
-            compiled = Compiled(None, [], parts, target, unrunnable=unrunnable)
+            compiled = Compiled(None, [], parts, target, [], unrunnable=unrunnable)
         else:
             parts, objects = zip(*llvm_process.run_all("compile_object", requests, what=what))
             symbols = [stage_symbol(n) for n in range(len(program.stages))] + [RUN_STAGES]
@@ -210,7 +213,8 @@ def compile_program(program: Program, target: Target) -> Compiled:
                 builder.export_symbol(symbol)
             library = builder.link(_jit(target), f"{program.name}_{next(_libraries)}")
             stages = [_STAGE_FN(library[symbol]) for symbol in symbols[:-1]]
-            compiled = Compiled(library, stages, list(parts), target, _RUN_FN(library[RUN_STAGES]), openmp)
+            compiled = Compiled(library, stages, list(parts), target, _stage_costs(program, groups),
+                                _RUN_FN(library[RUN_STAGES]), openmp)
         _cache[key] = compiled
         if len(_cache) > CACHE_SIZE:        # kernels keep their own library loaded
             _cache.popitem(last=False)
@@ -309,19 +313,32 @@ class _StagePlan:
     align: int
 
 
-def _estimate_us(stage, work: int) -> float:
+def _stage_costs(program: Program, groups: list) -> list:
+    """``(work, bytes)`` of each stage: its :func:`_work` (counted once per
+    template: ``codegen_llvm.stage_groups``) and the bytes of the buffers it
+    touches."""
+    number = {id(st): n for n, st in enumerate(program.stages)}
+    out = [None] * len(program.stages)
+    for template, members in groups:
+        work = _work(template.body)
+        for member in members:
+            out[number[id(member.stage)]] = (work, sum(buf.nbytes for buf, _ in member.slots))
+    return out
+
+
+def _estimate_us(work: int, nbytes: int) -> float:
     """Estimated time of a stage on one thread, in microseconds: its ``work``
     (:func:`_work`; about 12 units per ns in a register-tiled loop) plus the
-    bytes of the buffers it touches at about 60 GB/s (L2)."""
-    return work / 12e3 + sum(b.nbytes for b in stage_buffers(stage)[0]) / 60e3
+    ``nbytes`` of the buffers it touches at about 60 GB/s (L2)."""
+    return work / 12e3 + nbytes / 60e3
 
 
 def plan_stages(program: Program, compiled: Compiled) -> list:
     """How each stage runs: a stage is split across threads when its root loop
     is parallel and it has enough work, in a kernel that is not small (see
     the module doc)."""
-    work = [_work(st.body) for st in program.stages]
-    estimate = [_estimate_us(st, w) for st, w in zip(program.stages, work)]
+    work = [w for w, _ in compiled.costs]
+    estimate = [_estimate_us(*cost) for cost in compiled.costs]
     steps = [st.step.extent if st.step else 1 for st in program.stages]
     small = sum(e * n for e, n in zip(estimate, steps)) < SERIAL_KERNEL_US
     threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK

@@ -439,12 +439,13 @@ def masked_too_wide(llvm_ir: str, vector_bytes: int) -> list:
 
 def emitted_ir(kernel) -> str:
     """The LLVM IR te emits for ``kernel`` before LLVM's optimisation pipeline."""
-    from lowering.codegen_llvm import emit_modules
+    from lowering.codegen_llvm import emit_modules, stage_groups
     from lowering.target import target_machine
 
     target = kernel.target
     layout = str(target_machine(target).target_data)
-    return "\n".join(str(module) for module in emit_modules(kernel.program, target, layout))
+    groups = stage_groups(kernel.program, target)
+    return "\n".join(str(module) for module in emit_modules(kernel.program, groups, target, layout))
 
 
 def asm_problems(asm: str, target) -> list:

@@ -225,9 +225,14 @@ def test_a_program_compiled_in_parts_computes_what_one_module_does(monkeypatch):
     once (``codegen_llvm.partition``, ``llvm_process.run_all``): the first
     module's ``run_stages`` calls the stages the others define, and the
     results are bit for bit those of the program compiled as one module."""
+    from collections import OrderedDict
+
+    from lowering import codegen_llvm, runtime
     ins, outs = _split_program()
     rng = np.random.default_rng(1)
     arrays = [rng.standard_normal(t.shape).astype("float32") for t in ins]
+    monkeypatch.setattr(codegen_llvm, "PART_TEXT", 10 ** 9)
+    monkeypatch.setattr(runtime, "_cache", OrderedDict())
     whole = te.build(ins, outs)
     _in_parts(monkeypatch, 3)
     split = te.build(ins, outs)
