@@ -41,7 +41,7 @@ import llvmlite.binding as llvm
 
 log = logging.getLogger("te_autodiff.llvm")
 
-MAX_WORKERS = 4                 # LLVM processes at most (each holds ~150 MB)
+MAX_WORKERS = 4                 # LLVM processes at most (each holds 70-100 MB, plus its leak)
 RESTART_AFTER = 256             # requests one child serves before it is replaced (its leak: ~25 MB)
 TIMEOUT = 300.0                 # seconds one request may take (a large kernel takes a few)
 SLP_SECONDS, SLP_SECONDS_PER_KB = 10.0, 0.1     # see slp_budget
