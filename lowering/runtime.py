@@ -2,10 +2,10 @@
 
 LLVM optimises a program and generates its object code in child processes
 (``llvm_process``; a large program as one module per process, at once); the
-object code is linked into this process by one ORC JIT per target, as a library that is unloaded when the last kernel using it
-and the cache drop it.  Compiled programs are cached (``CACHE_SIZE``) by
-their typed loop IR text and target, so building the same program twice in
-a process runs LLVM once.  A program
+object code is linked into this process by one ORC JIT per target, as a
+library that is unloaded when the last kernel using it and the cache drop it.
+Compiled programs are cached (``CACHE_SIZE``) by their typed loop IR text
+and target, so building the same program twice in a process runs LLVM once.  A program
 built for a CPU this machine cannot run (cross-compilation) is optimised and
 inspectable (``llvm_ir``, ``asm``) but not loaded; calling it raises
 ``RuntimeError``.  Stages run in order; a stage
@@ -625,7 +625,7 @@ class Kernel:
         return list(self._outputs)
 
     @property
-    def loop_ir(self) -> str:
+    def loop_ir(self) -> str:       # the texts are made on first use (a kernel keeps its programs)
         return str(self._lowered)
 
     @property
