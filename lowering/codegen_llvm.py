@@ -20,8 +20,10 @@ reductions start from -inf; never arcp: ``x * (1/d)`` for ``x / d`` in one
 stage and not in another would make the derivative of a max, which finds the
 first position where the recomputed body equals the stored maximum, miss
 it); floor division and modulo on floats follow
-numpy's ``divmod`` exactly and carry no fast-math flags.  exp, log, log1p
-and tanh are inline code (``fast_math.py``), not libm calls.
+numpy's ``divmod`` exactly and carry no fast-math flags.  exp, log, log1p,
+tanh and sigmoid are LLVM IR of our own (``fast_math.py``), not libm calls:
+inline, or one internal function per module that a stage applying one many
+times calls (``INLINE_MATH_USES``).
 
 Vector loops: inside a :class:`~lowering.loop_ir.Simd` loop every value is
 either the same in all lanes (kept scalar) or a ``<W x T>`` vector; a load
@@ -44,16 +46,18 @@ with an ``sfence``.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from llvmlite import ir
 
 from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
+from te_autodiff.visit import topo_order
 
 from .fast_math import FAST_MATH, FAST_MATH_F64
 from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
                       Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
-                      stage_buffers, stride, substitute, walk)
+                      stage_buffers, stmt_exprs, stride, substitute, walk)
 from . import share
 from .target import Target
 
@@ -72,6 +76,8 @@ INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": 
               "cos": "llvm.cos", "abs": "llvm.fabs", "pow": "llvm.pow", "max": "llvm.maximum",
               "min": "llvm.minimum", "floor": "llvm.floor", "copysign": "llvm.copysign"}
 LIBM = {"tanh": ("tanhf", "tanh"), "log1p": ("log1pf", "log1p")}
+PARTIAL_UNROLL = 4      # times LLVM unrolls a loop of kind "partial"
+INLINE_MATH_USES = 2    # a stage applying a fast_math function more often calls one copy of it
 
 
 def _mangle(t) -> str:
@@ -314,7 +320,30 @@ class _Lanes:
         return self.bases[index]
 
 
-class _FunctionEmitter:
+class _Emitter:
+    """An IR builder ``b`` in function ``fn`` of ``module``, for ``target``."""
+
+    def intrinsic(self, name, ret, args):
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args), name=name)
+        return fn
+
+    def call_intrinsic(self, base, args):
+        """``base.<type>(args)`` for an overloaded intrinsic returning its argument type."""
+        t = args[0].type
+        return self.b.call(self.intrinsic(f"{base}.{_mangle(t)}", t, [a.type for a in args]), list(args))
+
+
+class _MathBody(_Emitter):
+    """The body of one of ``fast_math.py``'s functions, a function of its own."""
+
+    def __init__(self, module, target, fn):
+        self.module, self.target, self.fn = module, target, fn
+        self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+class _FunctionEmitter(_Emitter):
     """Emits one stage's body function.
 
     Inside a :class:`Simd` loop (``self.lanes``) a value that is the same in
@@ -353,6 +382,8 @@ class _FunctionEmitter:
         if stage.step is not None:  # a scan's step: its time is read from the loop's counter
             self.scopes[0][stage.step.var] = self.b.load(self.ptr[stage.step.counter], typ=I64)
         self.varies = {}           # node -> reads a local or a buffer this stage writes (may change)
+        self.math_uses = Counter(e.op for t in walk(stage.body) for e in topo_order(stmt_exprs(t))
+                                 if isinstance(e, Unary))     # each statement emits its own
         self.locals = {}
         self.local_type = {}
         self.access_group = None
@@ -367,24 +398,35 @@ class _FunctionEmitter:
 
     # ------------------------------------------------------------ helpers
 
-    def intrinsic(self, name, ret, args):
+    def fast_math(self, table, op, x):
+        """``table[op]`` on ``x``: inline code, or on vectors in a stage that
+        applies ``op`` more than ``INLINE_MATH_USES`` times, a call of one
+        copy per module (made at first use).  A register tile's epilogue
+        applies it to each of its vectors (an RNN step: 16 tanh), and as many
+        inline copies (~60 instructions and a branch each) would multiply
+        LLVM's work.  In a streaming loop a call is not free: with every use
+        a call, the elementwise benchmark kernel ran 1.5 times as long."""
+        if not isinstance(x.type, ir.VectorType) or self.math_uses[op] <= INLINE_MATH_USES:
+            return table[op](self, x)
+        name = f"te.{op}.{_mangle(x.type)}"
         fn = self.module.globals.get(name)
         if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ret, args), name=name)
-        return fn
-
-    def call_intrinsic(self, base, args):
-        """``base.<type>(args)`` for an overloaded intrinsic returning its argument type."""
-        t = args[0].type
-        return self.b.call(self.intrinsic(f"{base}.{_mangle(t)}", t, [a.type for a in args]), list(args))
+            fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), name=name)
+            fn.linkage, fn.calling_convention = "internal", "fastcc"
+            for attr in ("nounwind", "noinline"):
+                fn.attributes.add(attr)
+            add_vector_attributes(fn, self.target)
+            body = _MathBody(self.module, self.target, fn)
+            body.b.ret(table[op](body, fn.args[0]))
+        return self.b.call(fn, [x], cconv="fastcc")
 
     def math(self, op, args):
         t = args[0].type
         scalar = _element(t)
         if scalar == VALUE_TYPE["float32"] and op in FAST_MATH:
-            return FAST_MATH[op](self, args[0])
+            return self.fast_math(FAST_MATH, op, args[0])
         if scalar == VALUE_TYPE["float64"] and op in FAST_MATH_F64:
-            return FAST_MATH_F64[op](self, args[0])
+            return self.fast_math(FAST_MATH_F64, op, args[0])
         if op in INTRINSICS:
             return self.call_intrinsic(INTRINSICS[op], args)
         fn = self.intrinsic(LIBM[op][0 if scalar == VALUE_TYPE["float32"] else 1], scalar,
@@ -569,7 +611,8 @@ class _FunctionEmitter:
         iv.add_incoming(nxt, self.b.block)
         latch = self.b.cbranch(self.b.icmp_signed("<", nxt, hi), body, done)
         hint = {"vectorize": ["llvm.loop.parallel_accesses", self.access_group],
-                "rolled": ["llvm.loop.unroll.disable"]}.get(kind)
+                "rolled": ["llvm.loop.unroll.disable"],
+                "partial": ["llvm.loop.unroll.count", ir.Constant(I32, PARTIAL_UNROLL)]}.get(kind)
         if hint is not None:
             md = self.module.add_metadata([ir.MetaDataString(self.module, hint[0])] + hint[1:])
             loop_id = _distinct(self.module)
@@ -587,7 +630,7 @@ class _FunctionEmitter:
         if s.kind == "parallel":        # this call runs the chunk [lo, hi) of the root loop
             lo = self.b.call(self.intrinsic("llvm.smax.i64", I64, [I64, I64]), [lo, self.lo])
             hi = self.b.call(self.intrinsic("llvm.smin.i64", I64, [I64, I64]), [hi, self.hi])
-        kind = "serial" if self.lanes is not None and s.kind != "rolled" else s.kind
+        kind = "serial" if self.lanes is not None and s.kind not in ("rolled", "partial") else s.kind
         self._loop(s.var, lo, hi, lambda iv: self.block(s.body, {s.var: iv}), kind)
 
     def _masked_for(self, s: For, lo, extent):
@@ -786,7 +829,7 @@ def stage_groups(program: Program, target: Target) -> list:
 
 
 def emit_modules(program: Program, groups: list, target: Target, data_layout: str = "", openmp: bool = False,
-                 parts: int = 1) -> list:
+                 parts: int = 1):
     """LLVM modules for ``target``, at most ``parts`` of them (see
     :func:`partition`), together one entry point ``stageN`` per stage of
     ``program`` and, in the first, ``run_stages`` running a range of them
@@ -794,47 +837,49 @@ def emit_modules(program: Program, groups: list, target: Target, data_layout: st
     when ``openmp``).  The stages of one template (``groups``:
     :func:`stage_groups`) call one body function, with their own buffers at
     their own offsets; a template and its entries are in one module, and the
-    first module declares the entries the others define."""
+    first module declares the entries the others define.  A generator: the
+    modules are emitted one at a time, so LLVM can work on one while the
+    next is emitted."""
     part_of = partition([compile_weight(members[0].key[0]) for _, members in groups], parts)
-    modules = []
-    for _ in range(max(part_of, default=0) + 1):
-        module = ir.Module(name=f"{program.name}.{len(modules)}" if modules else program.name)
-        module.triple, module.data_layout = target.triple, data_layout
-        modules.append(module)
     index = {buf: k for k, buf in enumerate(program.buffers)}
     number = {id(stage): n for n, stage in enumerate(program.stages)}
-    entries = {}
-    for k, (template, members) in enumerate(groups):
-        module = modules[part_of[k]]
-        first = members[0]
-        # the slots some stage reads (share.form's key says which)
-        read = frozenset(c for c, (_, _, is_read, _) in zip(share.slot_buffers(template), first.key[1])
-                         if is_read)
-        name = stage_symbol(number[id(template)]) + ".body" if len(members) == 1 else f"template{k}"
-        body = _FunctionEmitter(module, template, name, target, read, inline=len(members) == 1)
-        for member in members:
-            n = number[id(member.stage)]
-            entries[n] = _entry(module, stage_symbol(n), target, body.fn,
-                                [(index[buf], off, buf.dtype) for buf, off in member.slots])
-    main = modules[0]
-    _emit_run_stages(main, program, [entries[n] if entries[n].module is main else
-                                     ir.Function(main, _ENTRY, name=stage_symbol(n))
-                                     for n in range(len(program.stages))], openmp, target)
-    return modules
+    for part in range(max(part_of, default=0) + 1):
+        module = ir.Module(name=f"{program.name}.{part}" if part else program.name)
+        module.triple, module.data_layout = target.triple, data_layout
+        entries = {}
+        for k, (template, members) in enumerate(groups):
+            if part_of[k] != part:
+                continue
+            # the slots some stage reads (share.form's key says which)
+            read = frozenset(c for c, (_, _, is_read, _) in zip(share.slot_buffers(template), members[0].key[1])
+                             if is_read)
+            name = stage_symbol(number[id(template)]) + ".body" if len(members) == 1 else f"template{k}"
+            body = _FunctionEmitter(module, template, name, target, read, inline=len(members) == 1)
+            for member in members:
+                n = number[id(member.stage)]
+                entries[n] = _entry(module, stage_symbol(n), target, body.fn,
+                                    [(index[buf], off, buf.dtype) for buf, off in member.slots])
+        if part == 0:
+            _emit_run_stages(module, program, [entries[n] if n in entries else
+                                               ir.Function(module, _ENTRY, name=stage_symbol(n))
+                                               for n in range(len(program.stages))], openmp, target)
+        yield module
 
 
 # LLVM's time for a stage group, in characters of its loop-IR text: a fixed
 # part for its functions, its text, and for each transcendental function the
-# vector instructions of its inline code (fast_math.py).  Only the ratios
-# matter (they balance the modules); on Zen 3 a character is ~14 us at -O3.
+# vector instructions of its inline code (fast_math.py; one copy when the
+# group calls it).  Only the ratios matter (they balance the modules); on
+# Zen 3 a character is ~14 us at -O3.
 GROUP_TEXT, MATH_TEXT = 1_000, 600
 PART_TEXT = 10_000      # weight worth an LLVM process of its own: ~0.15 s of LLVM time
-_MATH_CALL = re.compile(r"\b(?:" + "|".join(FAST_MATH) + r")\(")
+_MATH_CALL = re.compile(r"\b(" + "|".join(FAST_MATH) + r")\(")
 
 
 def compile_weight(text: str) -> int:
     """Roughly how long LLVM takes over a stage group whose typed loop IR is ``text``."""
-    return GROUP_TEXT + len(text) + MATH_TEXT * len(_MATH_CALL.findall(text))
+    copies = sum(n if n <= INLINE_MATH_USES else 1 for n in Counter(_MATH_CALL.findall(text)).values())
+    return GROUP_TEXT + len(text) + MATH_TEXT * copies
 
 
 def partition(sizes: list, parts: int) -> list:

@@ -301,37 +301,42 @@ def run(operation: str, *args, what: str = "a kernel", worker: int = 0):
                            "its process was stopped and the next build starts a new one") from None
 
 
-def run_all(operation: str, requests: list, what: str = "a kernel") -> list:
-    """``run(operation, *args)`` for each ``args`` of ``requests``, spread over
+def run_all(operation: str, requests, what: str = "a kernel") -> list:
+    """``run(operation, *args)`` for each ``args`` of the iterable ``requests``
+    (a generator is drawn from as the LLVM processes need work), spread over
     the LLVM processes: each takes the next request as soon as it is done
     with one (the parent's threads wait on their pipes).  The answers come in
-    order; the first failure is raised once every request has been answered."""
-    if len(requests) <= 1 or workers() == 1:
+    order; the first failure, in making a request or in answering it, is
+    raised once every request made has been answered."""
+    if workers() == 1:
         return [run(operation, *args, what=what) for args in requests]
-    pending, lock = iter(enumerate(requests)), threading.Lock()
-    answers, failures = [None] * len(requests), [None] * len(requests)
+    pending, lock = enumerate(requests), threading.Lock()
+    answers, failures = {}, {}
 
     def serve(worker: int):
         while True:
             with lock:
-                item = next(pending, None)
+                try:
+                    item = next(pending, None)
+                except Exception as e:      # raised below, in the caller's thread
+                    failures[-1] = e
+                    item = None
             if item is None:
                 return
             k, args = item
             try:
                 answers[k] = run(operation, *args, what=what, worker=worker)
-            except Exception as e:      # raised below, in the caller's thread
+            except Exception as e:
                 failures[k] = e
 
-    threads = [threading.Thread(target=serve, args=(w,)) for w in range(min(len(_workers), len(requests)))]
+    threads = [threading.Thread(target=serve, args=(w,)) for w in range(len(_workers))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    for failure in failures:
-        if failure is not None:
-            raise failure
-    return answers
+    if failures:
+        raise failures[min(failures)]
+    return [answers[k] for k in range(len(answers))]
 
 
 def slp_budget(ir_text: str) -> float:

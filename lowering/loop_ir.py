@@ -21,7 +21,7 @@ import numpy as np
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
 from te_autodiff.visit import children as te_children
 
-LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled")
+LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled", "partial")
 BUFFER_KINDS = ("input", "output", "temp")
 STAGE_BUDGET = 256               # expression nodes of one stage body: LLVM's compile time grows faster
                                  # than linearly with one loop body, so lowering and fusion stop here
@@ -132,7 +132,8 @@ class For:
     ``kind``: serial; parallel (iterations independent, the runtime may split
     them across threads); vectorize (iterations independent, a hint for the
     loop vectoriser); rolled (serial, and LLVM must not unroll it: see
-    ``schedule/register_tile.py``)."""
+    ``schedule/register_tile.py``); partial (serial, and LLVM unrolls it
+    ``PARTIAL_UNROLL`` times, never fully: see ``schedule/packing.py``)."""
 
     var: Var
     lo: Expr

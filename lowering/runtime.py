@@ -198,7 +198,7 @@ def compile_program(program: Program, target: Target) -> Compiled:
         groups = stage_groups(program, target)
         modules = emit_modules(program, groups, target, data_layout(target), openmp=openmp,
                                parts=llvm_process.workers())
-        requests = [(str(module), target.llvm_spec, target.vector_bytes) for module in modules]
+        requests = ((str(module), target.llvm_spec, target.vector_bytes) for module in modules)
         what = f"kernel '{program.name}' for {target.name}"
         if unrunnable is not None:
             parts = llvm_process.run_all("optimise", requests, what=what)

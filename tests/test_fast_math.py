@@ -122,3 +122,27 @@ def test_tanh_of_an_element_does_not_depend_on_its_vector():
     np.testing.assert_array_equal(f(small)[keep], got[keep])
     order = RNG.permutation(4096)
     np.testing.assert_array_equal(f(mixed[order]), got[order])
+
+
+def test_a_stage_applying_a_function_often_calls_one_copy_of_it():
+    """A stage applying tanh to more than ``INLINE_MATH_USES`` vectors (an RNN
+    step's register tile) calls one copy of its code, a function of the
+    module; a stage applying it once keeps it inline.  Both compute the bits
+    of the scalar path."""
+    import functools
+    import operator
+    import re
+
+    from lowering.codegen_llvm import INLINE_MATH_USES
+    n = 1000
+    a = np.concatenate([SPECIAL, RNG.standard_normal(n - SPECIAL.size).astype(np.float32) * 3])
+    x = te.placeholder((n,), "float32", "x")
+    copy = re.compile(r"define internal fastcc <\d+ x float> @\"?te\.tanh\.v\d+f32")
+    for uses in (1, INLINE_MATH_USES + 1):
+        y = te.compute((n,), lambda i: functools.reduce(operator.add, [te.tanh(x[i] * float(k))
+                                                                       for k in range(1, uses + 1)]), name="y")
+        kernel = te.build([x], [y])
+        assert len(copy.findall(kernel.llvm_ir)) == (uses > INLINE_MATH_USES)
+        got, scalar = kernel(a), unscheduled([x], [y], [a])[0]
+        same = (got.view(np.int32) == scalar.view(np.int32)) | (np.isnan(got) & np.isnan(scalar))
+        assert same.all(), list(zip(a[~same], got[~same], scalar[~same]))[:5]

@@ -126,6 +126,7 @@ from .blocking import SPLIT_MIN_WORK, TILE_VECTORS, Blocking, blocking
 from .lane_reduction import dot_tiles, in_lanes, reduce_in_lanes
 from .nest import Nest, as_nest
 from .offsets import offset_loops
+from .packing import unrolled_partially
 from .selects import if_to_select
 from .split_reduction import split_reduction, splits_reduction
 from .tile_loops import build_tiles
@@ -165,7 +166,7 @@ def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) ->
         return split
     new_stages = []
     out = _vectorise(nest, stage, taken, new_stages, new_buffers, bl)
-    packed = [s for st in new_stages for s in schedule_stage(st, taken, new_buffers, bl)]
+    packed = [unrolled_partially(s) for st in new_stages for s in schedule_stage(st, taken, new_buffers, bl)]
     return packed + out
 
 
