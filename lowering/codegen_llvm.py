@@ -39,9 +39,10 @@ loops are never wider, so no masked operation is split below its width);
 AVX-512 math instructions are used only where the target has them.  On a
 target with streaming stores (x86), full native vectors into an output of at
 least :func:`stream_min_bytes` (the power of two at or above L2) that no
-stage reads back are non-temporal stores: they skip the read for ownership
-a cached store costs, a third of a copy's memory traffic; the stage ends
-with an ``sfence``.
+stage reads back are non-temporal stores when they write whole cache lines
+(``_mark_streaming``): they skip the read for ownership a cached store
+costs, a third of a copy's memory traffic; the stage ends with an
+``sfence``.
 """
 from __future__ import annotations
 
@@ -389,9 +390,10 @@ class _FunctionEmitter(_Emitter):
         self.access_group = None
         self.lanes = None
         self.mask = None
-        self.streamed = False
+        self.loops = []             # the variables of the loops around the statement emitted
+        self.stream = []            # the candidates for streaming stores (_vector_store)
         self.stmt(stage.body)
-        if self.streamed:           # order the streaming stores before whatever follows the stage
+        if self._mark_streaming():  # order the streaming stores before whatever follows the stage
             self.b.call(self.intrinsic(self.target.store_fence, ir.VoidType(), []), [])
         self.b.ret_void()
         self.alloca.branch(body)
@@ -606,7 +608,9 @@ class _FunctionEmitter(_Emitter):
         outer_group = self.access_group
         if kind == "vectorize":
             self.access_group = _distinct(self.module)
+        self.loops.append(var)
         body_fn(iv)
+        self.loops.pop()
         nxt = self.b.add(iv, ir.Constant(I64, 1))
         iv.add_incoming(nxt, self.b.block)
         latch = self.b.cbranch(self.b.icmp_signed("<", nxt, hi), body, done)
@@ -701,21 +705,47 @@ class _FunctionEmitter(_Emitter):
             self._tag(self.b.store(value, self._address(buf, index), align=_align(buf)))
 
     def _vector_store(self, buf, base, value, ptr):
-        """A full vector store; non-temporal (past the caches, no read for
-        ownership) for a large output no stage reads, at an element aligned
-        to the vector (outputs are allocated 64-byte aligned)."""
+        """A full vector store, a candidate for a non-temporal one (past the
+        caches, no read for ownership: :meth:`_mark_streaming`) into a large
+        output no stage reads, at an element aligned to the vector (outputs
+        are allocated 64-byte aligned)."""
         form = linear_form(base)
         lanes = value.type.count
-        streaming = (self.target.streaming_stores and buf.kind == "output"
+        candidate = (self.target.streaming_stores and buf.kind == "output"
                      and buf.nbytes >= stream_min_bytes(self.target) and buf not in self.loaded
                      and lanes * _ITEMSIZE[buf.dtype] == self.target.vector_bytes and form is not None
                      and all(k % lanes == 0 for k in form[0].values()) and form[1] % lanes == 0)
-        if not streaming:
+        if not candidate:
             return self.b.store(value, ptr, align=_align(buf))
-        self.streamed = True
         st = self.b.store(value, ptr, align=self.target.vector_bytes)
-        st.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
+        self.stream.append((st, buf, form, lanes, tuple(self.loops)))
         return st
+
+    def _mark_streaming(self) -> bool:
+        """Make non-temporal the candidate stores that write whole cache lines,
+        and say whether there are any.  A vector narrower than a line (AVX2's
+        32 bytes, 64-byte lines) streams only when the line's other vectors
+        are stored in the same iteration (a register tile's row) or by the
+        next iteration of the innermost loop that moves the store (a row
+        written in order).  A store that leaves a line half written (a
+        transposed tile: the next store goes to another row) would make the
+        processor's few write-combining buffers flush partial lines: writing
+        a transpose that way took twice as long as through the caches."""
+        offsets = {}
+        for _, buf, (terms, c), _, _ in self.stream:
+            offsets.setdefault((buf, frozenset(terms.items())), set()).add(c)
+        streamed = False
+        for st, buf, (terms, c), lanes, loops in self.stream:
+            line = self.target.cache_line // _ITEMSIZE[buf.dtype]
+            vectors = max(line // lanes, 1)
+            same = offsets[(buf, frozenset(terms.items()))]
+            whole_line = (vectors == 1 or all(k % line == 0 for k in terms.values())
+                          and all(c - c % line + lanes * v in same for v in range(vectors)))
+            moving = next((terms.get(v, 0) for v in reversed(loops) if terms.get(v, 0)), 0)
+            if whole_line or moving == lanes:
+                st.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
+                streamed = True
+        return streamed
 
     def _fit(self, value, t):
         return self.splat(value, t.count) if isinstance(t, ir.VectorType) else value

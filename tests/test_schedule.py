@@ -464,6 +464,25 @@ def test_large_outputs_written_once_use_streaming_stores():
     assert "!nontemporal" not in functions["void @stage0"]              # y, read by z, stays cached
 
 
+@pytest.mark.parametrize("name,streams", [("haswell", False), ("skylake-avx512", True)])
+def test_a_transposed_write_streams_only_whole_cache_lines(name, streams):
+    """A transpose writes a tile's rows in turn, one vector each: AVX-512's
+    64-byte vector is a whole cache line and streams; AVX2's 32-byte one
+    would leave lines half written (partial write-combining flushes), so it
+    goes through the caches.  A row written in order streams on both."""
+    n = 1024
+    A = te.placeholder((n, n), "float32", "A")
+    B = te.compute((n, n), lambda i, j: A[j, i] * 2.0, name="B")
+    transposed = te.build([A], [B], target=name)
+    assert "for i.i in" in transposed.scheduled_ir          # rows inside the tile's columns
+    assert ("!nontemporal" in transposed.llvm_ir) == streams
+    rows = te.build([A], [te.compute((n, n), lambda i, j: A[i, j] * 2.0, name="B")], target=name)
+    assert "!nontemporal" in rows.llvm_ir
+    if transposed.target.missing_on_host() is None:
+        a = RNG.standard_normal((n, n)).astype(np.float32)
+        np.testing.assert_array_equal(transposed(a), a.T * 2)
+
+
 @pytest.mark.parametrize("name,rolled", [("haswell", True), ("skylake-avx512", False)])
 def test_shared_broadcasts_stay_rolled_where_registers_are_short(name, rolled):
     """A convolution's rows x read Xp[x + rx]: unrolling rx lets LLVM keep the
