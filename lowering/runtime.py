@@ -29,9 +29,12 @@ kernel and thread, reused by later calls.
 
 A stage inside a scan's time loop forks and joins at every step, and on a
 busy machine every one of those waits for a descheduled thread: it is split
-only when one step of it is long (``STEP_PARALLEL_US``).  Without libgomp,
-the stages of a time loop run on one thread (``run_stages`` loops over them
-in one native call).
+when one step of it is long (``STEP_PARALLEL_US``), and a shorter step
+(down to ``STEP_MEASURED_US``) only while the kernel's own calls show that
+splitting it pays (:class:`_StepSplit`: with its steps split, the LSTM
+benchmark kernel ran 1.7 times as fast on an idle 2-core AMD EPYC, and 1.8
+times as slow with one core taken by another process).  Without libgomp, the stages of a time loop run on one
+thread (``run_stages`` loops over them in one native call).
 
 Every element is computed by the same machine code whatever the chunking
 (stage entries are never inlined into their callers), so results are
@@ -49,6 +52,7 @@ import itertools
 import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -67,8 +71,9 @@ PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation cou
 PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs ~2 us)
 SERIAL_KERNEL_US = 64            # kernels estimated (_estimate_us) to take less than this on one
                                  # thread run on one thread
-STEP_PARALLEL_US = 200           # a stage of a scan's time loop estimated to take less than this per
-                                 # step on one thread runs on one thread
+STEP_PARALLEL_US = 200           # a stage of a scan's time loop estimated to take at least this per
+                                 # step on one thread is split across threads;
+STEP_MEASURED_US = 5             # one of at least this, while _StepSplit measures that it pays
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p)
@@ -311,6 +316,7 @@ class _StagePlan:
     extent: int              # iterations of the parallel root loop (1 if none)
     splittable: bool
     align: int
+    measured: bool = False   # a short step of a time loop: split when _StepSplit says it pays
 
 
 def _stage_costs(program: Program, groups: list) -> list:
@@ -348,10 +354,53 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
         parallel = isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const)
         extent = root.extent.value if parallel else 1
         split = not small and parallel and extent > 1 and w >= threshold
+        measured = False
         if stage.step is not None:          # a fork and a join at every step: only for long steps
+            measured = split and STEP_MEASURED_US <= us < STEP_PARALLEL_US
             split = split and us >= STEP_PARALLEL_US
-        plans.append(_StagePlan(fn, extent, split, chunk_align(stage)))
+        plans.append(_StagePlan(fn, extent, split, chunk_align(stage), measured))
     return plans
+
+
+class _StepSplit:
+    """Whether a kernel splits its time loops' short steps across threads,
+    chosen by timing its own calls.  Splitting pays while the other cores
+    are free and costs a wait at every step for a descheduled thread while
+    they are not, which only a measurement tells.  The first two calls try
+    both ways; then each call runs the faster one (a running mean of its
+    times) and now and then one runs the other (a probe: its time replaces
+    that way's mean), so a change of the machine's load is followed.  A
+    probe that loses again comes half as often, down to one call in
+    ``LAST`` (on a busy machine a split step can take six times as long).
+    Results are the same bits either way."""
+
+    FIRST, LAST = 16, 1024      # calls between probes
+
+    def __init__(self):
+        self.calls = 0
+        self.seconds = [None, None]         # mean call time not splitting / splitting
+        self.interval = self.FIRST
+        self.probe_at = 0
+
+    def best(self) -> int:
+        return int(self.seconds[1] < self.seconds[0])
+
+    def choose(self) -> int:
+        n, self.calls = self.calls, self.calls + 1
+        if None in self.seconds:
+            return n % 2
+        return 1 - self.best() if n >= self.probe_at else self.best()
+
+    def record(self, way: int, seconds: float):
+        old = self.seconds[way]
+        if old is None or way != self.best():      # a first time, or a probe
+            self.seconds[way] = seconds
+            if None not in self.seconds:
+                lost = way != self.best()
+                self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
+                self.probe_at = self.calls + self.interval
+        else:
+            self.seconds[way] = 0.75 * old + 0.25 * seconds
 
 
 # ----------------------------------------------------------------- execution
@@ -482,6 +531,7 @@ class _Runner:
             self.results.append((slot[b], fresh, b.shape, np.dtype(b.dtype)))
         self.io_slots = self.input_slots + [k for k, *_ in self.outputs]
         self.steps_for = {}
+        self.step_split = _StepSplit() if any(p.measured for p in plans) else None
 
     def steps(self, threads: int) -> list:
         """``[(first, last)]`` stretches for ``run_stages`` and ``(plan, chunks)`` split stages."""
@@ -540,7 +590,12 @@ class _Runner:
         if self.compiled.openmp and _gomp_team:         # the whole kernel in one native call
             if len(err) < 2 * threads:
                 err = self.local.err = (ctypes.c_int64 * (2 * threads))()
-            self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads))
+            measure = self.step_split is not None and threads > 1
+            way = self.step_split.choose() if measure else 0
+            start = time.perf_counter()
+            self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads, way))
+            if measure:
+                self.step_split.record(way, time.perf_counter() - start)
             self.raise_failed(err, threads)
             return
         for step in self.steps(threads):
@@ -568,11 +623,13 @@ class _Runner:
                 ctypes.memset(err, 0, ctypes.sizeof(err))
                 _raise_check(self.program, code, index)
 
-    def split_flags(self, threads: int):
-        flags = self.steps_for.get(("flags", threads))
+    def split_flags(self, threads: int, measured: int = 0):
+        """Which stages ``run_stages`` splits; ``measured``: the short steps too."""
+        flags = self.steps_for.get(("flags", threads, measured))
         if flags is None:
-            flags = (ctypes.c_int8 * max(len(self.plans), 1))(*[int(p.splittable) for p in self.plans])
-            self.steps_for[("flags", threads)] = flags
+            flags = (ctypes.c_int8 * max(len(self.plans), 1))(
+                *[int(p.splittable or measured and p.measured) for p in self.plans])
+            self.steps_for[("flags", threads, measured)] = flags
         return flags
 
     def collect(self, arrays_by_slot):

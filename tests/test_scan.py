@@ -404,6 +404,41 @@ def test_threads_give_the_same_bits():
     assert len(set(runs.values())) == 1, runs
 
 
+def test_short_steps_are_split_only_while_splitting_pays():
+    """A time loop's short steps are split across threads only while the
+    kernel's own calls show it is faster (runtime._StepSplit): both ways
+    are tried, the faster kept, the other probed ever less often while it
+    loses, and a change of load is followed.  Both ways give the same bits."""
+    from lowering.runtime import _StepSplit
+    split = _StepSplit()
+
+    def call(seconds):              # seconds[way]: what a call takes not splitting / splitting
+        way = split.choose()
+        split.record(way, seconds[way])
+        return way
+
+    assert [call((2.0, 1.0)) for _ in range(2)] == [0, 1]
+    ways = [call((2.0, 1.0)) for _ in range(600)]
+    probes = [k for k, way in enumerate(ways) if way == 0]
+    gaps = np.diff(probes)
+    assert 3 <= len(probes) <= 7 and (gaps[1:] > gaps[:-1]).all()       # ever rarer
+    ways = [call((1.0, 6.0)) for _ in range(50)]                         # another process took a core
+    assert ways[3:].count(1) == 0
+
+    ins, Y = elman(12, 32, 128, 64, dtype="float32")
+    g = te.gradient(Y, ins)
+    kernel = te.build(ins, [Y] + g)
+    if not any(plan.measured for plan in kernel._stages) or kernel._run.step_split is None:
+        pytest.skip("no step of this kernel is short enough to be measured on this target")
+    v = [rng.standard_normal(t.shape).astype("float32") * 0.3 for t in ins]
+    outs = []
+    for way in (0, 1):
+        kernel._run.step_split.choose = lambda way=way: way
+        outs.append(kernel(*v))
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
+
+
 # --------------------------------------------------------------- bad input
 
 
