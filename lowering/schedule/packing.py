@@ -5,7 +5,8 @@ of a register-tiled GEMM (one contiguous, aligned block per tile).  The
 plan is a list of :class:`Copy`; :func:`pack` builds it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import dataclasses
+from dataclasses import dataclass
 from math import prod
 
 import numpy as np
@@ -188,7 +189,7 @@ def unrolled_partially(copy: Stage) -> Stage:
     def kind(lp):
         inner = any(isinstance(x, For) for x in walk(lp.body))
         return "partial" if lp.kind == "serial" and inner else lp.kind
-    return replace(copy, body=map_stmt(copy.body, lambda e: e, kind=kind))
+    return dataclasses.replace(copy, body=map_stmt(copy.body, lambda e: e, kind=kind))
 
 
 def _replace_loads(body, replace):
