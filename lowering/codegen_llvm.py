@@ -335,6 +335,21 @@ class _Emitter:
         t = args[0].type
         return self.b.call(self.intrinsic(f"{base}.{_mangle(t)}", t, [a.type for a in args]), list(args))
 
+    def lanes_of(self, v, first, count):
+        """Lanes ``first .. first + count - 1`` of vector ``v`` (``v`` itself when that is all of it)."""
+        if first == 0 and count == v.type.count:
+            return v
+        return self.b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(
+            ir.VectorType(I32, count), list(range(first, first + count))))
+
+    def joined(self, parts):
+        """One vector of the lanes of ``parts`` (equal widths, a power of two of them) in order."""
+        while len(parts) > 1:
+            n = 2 * parts[0].type.count
+            parts = [self.b.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+                     for a, b in zip(parts[::2], parts[1::2])]
+        return parts[0]
+
 
 class _MathBody(_Emitter):
     """The body of one of ``fast_math.py``'s functions, a function of its own."""
@@ -465,6 +480,23 @@ class _FunctionEmitter(_Emitter):
             instr.set_metadata("llvm.access.group", self.access_group)
         return instr
 
+    def _native_pieces(self, buf, mask) -> list:
+        """``(first lane, mask)`` of each piece of the target's vector width in
+        a masked access to ``buf`` under ``mask``: a masked load, store,
+        gather or scatter of several registers (``MATH_CHAINS`` vectors) is
+        emitted as one per register, since LLVM 22.1 aborts splitting a
+        wider one."""
+        width = max(1, self.target.vector_bytes // _ITEMSIZE[buf.dtype])
+        if mask.type.count <= width:
+            return [(0, mask)]
+        return [(k, self.lanes_of(mask, k, width)) for k in range(0, mask.type.count, width)]
+
+    def _at(self, buf, ptr, first):
+        """``ptr`` moved ``first`` elements of ``buf`` on."""
+        if first == 0:
+            return ptr
+        return self.b.gep(ptr, [ir.Constant(I64, first)], inbounds=True, source_etype=MEMORY_TYPE[buf.dtype])
+
     def _address(self, buf, index):
         ptr = self.b.gep(self.ptr[buf], [index], inbounds=True, source_etype=MEMORY_TYPE[buf.dtype])
         if isinstance(index.type, ir.VectorType):
@@ -495,16 +527,24 @@ class _FunctionEmitter(_Emitter):
             if mask is None:
                 value = self._tag(self.b.load(ptr, typ=vt, align=_align(buf)))
             else:
-                fn = self.intrinsic(f"llvm.masked.load.{_mangle(vt)}.p0", vt, [PTR, I32, mask.type, vt])
-                value = self._tag(self.b.call(fn, [ptr, align, mask, ir.Constant(vt, None)]))
+                parts = []
+                for first, m in self._native_pieces(buf, mask):
+                    pt = ir.VectorType(t, m.type.count)
+                    fn = self.intrinsic(f"llvm.masked.load.{_mangle(pt)}.p0", pt, [PTR, I32, m.type, pt])
+                    parts.append(self._tag(self.b.call(fn, [self._at(buf, ptr, first), align, m,
+                                                            ir.Constant(pt, None)])))
+                value = self.joined(parts)
         elif isinstance(index.type, ir.VectorType) or vector_cond:
             index = self.splat(index)
-            vt = ir.VectorType(t, index.type.count)
             ptrs = self._address(buf, index)
-            mask = self._mask_or_all(vt.count) if cond is None else self._and_mask(self.splat(cond))
-            fn = self.intrinsic(f"llvm.masked.gather.{_mangle(vt)}.{_mangle(ptrs.type)}", vt,
-                                [ptrs.type, I32, mask.type, vt])
-            value = self._tag(self.b.call(fn, [ptrs, align, mask, ir.Constant(vt, None)]))
+            mask = self._mask_or_all(index.type.count) if cond is None else self._and_mask(self.splat(cond))
+            parts = []
+            for first, m in self._native_pieces(buf, mask):
+                pt, at = ir.VectorType(t, m.type.count), self.lanes_of(ptrs, first, m.type.count)
+                fn = self.intrinsic(f"llvm.masked.gather.{_mangle(pt)}.{_mangle(at.type)}", pt,
+                                    [at.type, I32, m.type, pt])
+                parts.append(self._tag(self.b.call(fn, [at, align, m, ir.Constant(pt, None)])))
+            value = self.joined(parts)
         else:
             value = self._tag(self.b.load(self._address(buf, index), typ=t, align=_align(buf)))
         if buf.dtype == "bool":
@@ -690,30 +730,34 @@ class _FunctionEmitter(_Emitter):
             if self.mask is None:
                 self._tag(self._vector_store(buf, base, value, ptr))
             else:
-                fn = self.intrinsic(f"llvm.masked.store.{_mangle(value.type)}.p0", ir.VoidType(),
-                                    [value.type, PTR, I32, self.mask.type])
-                self._tag(self.b.call(fn, [value, ptr, align, self.mask]))
+                for first, m in self._native_pieces(buf, self.mask):
+                    part = self.lanes_of(value, first, m.type.count)
+                    fn = self.intrinsic(f"llvm.masked.store.{_mangle(part.type)}.p0", ir.VoidType(),
+                                        [part.type, PTR, I32, m.type])
+                    self._tag(self.b.call(fn, [part, self._at(buf, ptr, first), align, m]))
         elif vector:
             ptrs = self._address(buf, index)
-            mask = self._mask_or_all(index.type.count)
-            fn = self.intrinsic(f"llvm.masked.scatter.{_mangle(value.type)}.{_mangle(ptrs.type)}",
-                                ir.VoidType(), [value.type, ptrs.type, I32, mask.type])
-            self._tag(self.b.call(fn, [value, ptrs, align, mask]))
+            for first, m in self._native_pieces(buf, self._mask_or_all(index.type.count)):
+                part, at = self.lanes_of(value, first, m.type.count), self.lanes_of(ptrs, first, m.type.count)
+                fn = self.intrinsic(f"llvm.masked.scatter.{_mangle(part.type)}.{_mangle(at.type)}",
+                                    ir.VoidType(), [part.type, at.type, I32, m.type])
+                self._tag(self.b.call(fn, [part, at, align, m]))
         else:
             if isinstance(value.type, ir.VectorType):
                 raise RuntimeError(f"stage stores different lanes' values to one element of '{buf.name}'")
             self._tag(self.b.store(value, self._address(buf, index), align=_align(buf)))
 
     def _vector_store(self, buf, base, value, ptr):
-        """A full vector store, a candidate for a non-temporal one (past the
-        caches, no read for ownership: :meth:`_mark_streaming`) into a large
-        output no stage reads, at an element aligned to the vector (outputs
-        are allocated 64-byte aligned)."""
+        """A full vector store (one register or several: ``MATH_CHAINS``), a
+        candidate for a non-temporal one (past the caches, no read for
+        ownership: :meth:`_mark_streaming`) into a large output no stage
+        reads, at an element aligned to the vector (outputs are allocated
+        64-byte aligned)."""
         form = linear_form(base)
         lanes = value.type.count
         candidate = (self.target.streaming_stores and buf.kind == "output"
                      and buf.nbytes >= stream_min_bytes(self.target) and buf not in self.loaded
-                     and lanes * _ITEMSIZE[buf.dtype] == self.target.vector_bytes and form is not None
+                     and lanes * _ITEMSIZE[buf.dtype] % self.target.vector_bytes == 0 and form is not None
                      and all(k % lanes == 0 for k in form[0].values()) and form[1] % lanes == 0)
         if not candidate:
             return self.b.store(value, ptr, align=_align(buf))

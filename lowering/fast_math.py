@@ -10,8 +10,8 @@ loops, the loop vectoriser and the explicit vector loops of ``schedule/``
 Algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from one fma,
 a two-part ln2 as in Cody-Waite), takes ``e^r = 1 + r H(r)`` from a degree-6
 minimax polynomial and scales by ``2^n`` with one rounding (vscalefps on
-16-lane AVX-512 vectors, else two power-of-two factors, so subnormal results
-round once).  log (Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in
+AVX-512 vectors of 16 or 32 lanes, else two power-of-two factors, so
+subnormal results round once).  log (Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in
 ``[sqrt(1/2), sqrt(2))`` and uses a degree-9 polynomial; log1p corrects
 ``log(1 + x)`` for the rounding of ``1 + x``.  tanh uses an odd polynomial
 below 0.625 and ``1 - 2e / (1 + e)``, ``e = e^{-2|x|}``, above, with
@@ -44,7 +44,7 @@ class _Ops:
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
         self.n = like.type.count if isinstance(like.type, ir.VectorType) else None
-        self.scalef = fe.target.scale_intrinsic if self.n == 16 else None     # vscalefps <16 x float>
+        self.scalef = fe.target.scale_intrinsic if self.n in (16, 32) else None   # vscalefps, 16 lanes
 
     def t(self, scalar):
         return scalar if self.n is None else ir.VectorType(scalar, self.n)
@@ -109,13 +109,16 @@ def _exp_reduce(o, x):
 
 
 def _ldexp(o, p, n):
-    """``p 2^n`` rounded once (``n`` an integral float in [-150, 128]): vscalefps on
-    AVX-512 vectors (NaN stays NaN), else two power-of-two factors (``n = NaN`` is
-    poison there: callers select NaN lanes afterwards)."""
+    """``p 2^n`` rounded once (``n`` an integral float in [-150, 128]):
+    vscalefps on AVX-512 vectors of 16 or 32 lanes (16 at a time; NaN stays
+    NaN), else two power-of-two factors (``n = NaN`` is poison there: callers
+    select NaN lanes afterwards)."""
     if o.scalef:
-        vt = o.t(F32)
+        vt = ir.VectorType(F32, 16)
         fn = o.fe.intrinsic(o.scalef, vt, [vt, vt, vt, ir.IntType(16), I32])
-        return o.b.call(fn, [p, n, ir.Constant(vt, None), ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)])
+        flags = [ir.Constant(vt, None), ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)]
+        return o.fe.joined([o.b.call(fn, [o.fe.lanes_of(p, k, 16), o.fe.lanes_of(n, k, 16)] + flags)
+                            for k in range(0, o.n, 16)])
     ni = o.b.fptosi(n, o.t(I32))
     half = o.b.ashr(ni, o.i(1))
     return o.mul(o.mul(p, o.pow2(half)), o.pow2(o.b.sub(ni, half)))

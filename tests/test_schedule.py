@@ -343,6 +343,72 @@ def test_row_max_gradient_argmax_vectorises_across_rows():
     np.testing.assert_array_equal(got_dz, want)
 
 
+@pytest.mark.parametrize("rows, cols, window", [(45, 300, False), (8, 14, True)])
+def test_argmax_positions_are_int32_in_long_rows(rows, cols, window):
+    """The first position of a long row's maximum is tracked in int32 (twice
+    the vector lanes of int64; AVX2 has no int64 min), that of a pooling
+    window's in int64 (scalar selects); the gradient is the same."""
+    X = te.placeholder((rows, 2 * cols if window else cols), "float32", "X")
+    k = te.reduce_axis(2 if window else cols, "k")
+    m = te.compute((rows, cols) if window else (rows,),
+                   (lambda i, j: te.max(X[i, 2 * j + k], axis=k)) if window else
+                   (lambda i: te.max(X[i, k], axis=k)), name="m")
+    H = te.placeholder(m.shape, "float32", "H")
+    (dX,) = te.gradient(m, [X], head=H)
+    kernel = te.build([X, H], [dX])
+    assert f"m.argmax: {'int64' if window else 'int32'}[" in kernel.loop_ir
+    x = RNG.standard_normal(X.shape).astype(np.float32)
+    h = RNG.standard_normal(H.shape).astype(np.float32)
+    groups = x.reshape(rows, cols, 2) if window else x[:, None, :]
+    first = np.argmax(groups, axis=2)
+    want = np.zeros_like(groups)
+    np.put_along_axis(want, first[..., None], h.reshape(rows, -1)[..., None], axis=2)
+    np.testing.assert_array_equal(kernel(x, h), want.reshape(X.shape))
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+def test_math_stages_run_two_dependency_chains_per_step(target):
+    """A stage applying exp takes ``MATH_CHAINS`` vectors per step: LLVM
+    splits each operation into registers whose instructions alternate, so
+    the chains of two vectors overlap.  A stage without such a function
+    keeps one vector.  On AVX-512 each half of a 32-lane exp still scales
+    with one vscalefps."""
+    from lowering.schedule.blocking import MATH_CHAINS
+    x = te.placeholder((1000,), "float32", "x")
+    y = te.compute((1000,), lambda i: te.exp(x[i]) * 2.0, name="y")
+    z = te.compute((1000,), lambda i: x[i] * 2.0, name="z")
+    lanes = te.target(target).lanes(4)
+    widths = {}
+    for out in (y, z):
+        kernel = te.build([x], [out], target=target)
+        widths[out.name] = {s.lanes for s in walk(stage(kernel, out.name).body) if isinstance(s, Simd)}
+        if target == "skylake-avx512" and out is y:
+            assert "<32 x float> @llvm.x86" not in kernel.llvm_ir
+            assert "<16 x float> @llvm.x86.avx512.mask.scalef.ps.512" in kernel.llvm_ir
+    assert widths == {"y": {MATH_CHAINS * lanes}, "z": {lanes}}
+
+
+def test_a_scan_step_applying_math_keeps_one_vector_per_step():
+    """The stages of a scan's step are small slices: they keep one vector per
+    step (two would cost build time for no measurable gain)."""
+    T, B, H = 4, 2, 64
+    S = te.placeholder((T, B, H), "float32", "S")
+    h0 = te.placeholder((1, B, H), "float32", "h0")
+    X = te.placeholder((T, B, H), "float32", "X")
+    h = te.compute((T, B, H), lambda t, b, i: te.tanh(S[t - 1, b, i] * 0.5 + X[t, b, i]), name="h")
+    Y = te.scan(h0, h, S, inputs=[X], name="Y")
+    kernel = te.build([X, h0], [Y])
+    steps = [st for st in kernel.program.stages if st.step is not None]
+    assert steps
+    assert {s.lanes for st in steps for s in walk(st.body) if isinstance(s, Simd)} == {te.target().lanes(4)}
+    x = RNG.standard_normal((T, B, H)).astype(np.float32)
+    y0 = RNG.standard_normal((1, B, H)).astype(np.float32)
+    want = [y0[0]]
+    for t in range(1, T):
+        want.append(np.tanh(want[-1] * 0.5 + x[t]))
+    np.testing.assert_allclose(kernel(x, y0), np.stack(want), rtol=1e-6, atol=1e-6)
+
+
 # ------------------------------------------------------ runs and threads
 
 

@@ -43,7 +43,9 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    ``j`` becomes a :class:`~lowering.loop_ir.Simd` loop of one native
    vector of lanes (``Blocking.lanes``: 16 float32 on AVX-512, 8 on AVX2),
    the last vector masked.  A stage that stores one element gets its
-   reduction in lanes as well.  The decisions of rules 4 to 8 for ``j`` form
+   reduction in lanes as well.  A body applying exp, log, tanh... takes
+   ``MATH_CHAINS`` vectors per step outside register tiles and scan steps
+   (``vector_axis.chained_lanes``: two dependency chains side by side).  The decisions of rules 4 to 8 for ``j`` form
    one :class:`~lowering.schedule.tile_plan.TilePlan` (``tile_plan.py``),
    built by ``tile_loops.py``.
 4. **Tests to selects** (``selects.py``).  An ``If`` whose condition differs
@@ -161,6 +163,8 @@ def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) ->
     nest = None if stage.fixed else as_nest(stage)
     if nest is None or any(isinstance(s, Simd) for s in walk(stage.body)):
         return [stage]                   # written by hand, not as lowered, or scheduled already
+    if stage.step is not None:
+        bl = replace(bl, math_chains=1)
     split = split_reduction(nest, stage, taken, new_buffers, bl)               # 1
     if split is not None:
         return split

@@ -19,6 +19,7 @@ SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are 
 PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead (rule 5)
 GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers (rule 8)
 UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fully when shorter; rule 6)
+MATH_CHAINS = 2              # vectors per step of a body applying exp, tanh... (rule 3, chained_lanes)
 
 
 def _pow2_floor(n: int) -> int:
@@ -45,7 +46,9 @@ class Blocking:
     * ``panel_min_bytes``: operands larger than L1 (the power of two at or
       above it) are read from panels;
     * ``row_block_bytes``: half of L2 (a power of two), the row operand's
-      share while the column panels pass."""
+      share while the column panels pass;
+    * ``math_chains``: ``MATH_CHAINS``, or 1 for the stages of a scan's step
+      (:func:`~lowering.schedule.vector_axis.chained_lanes`)."""
 
     target: Target
     tile_rows: int
@@ -53,6 +56,7 @@ class Blocking:
     k_block: int
     panel_min_bytes: int
     row_block_bytes: int
+    math_chains: int = MATH_CHAINS
 
     @property
     def k_block_min(self) -> int:
