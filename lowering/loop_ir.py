@@ -375,18 +375,13 @@ def with_load(x, buf, index):
     return BufLoad(buf, index) if isinstance(x, BufLoad) else GuardedLoad(buf, index, x.cond)
 
 
-def simplify_loads(e: Expr) -> Expr:
-    """``e`` with the affine part of every load index collected."""
-    return map_loads(e, lambda x: with_load(x, x.buffer, simplify_index(x.index)))
-
-
 def rename(s, mapping: dict):
     """Statement ``s`` with the variables and locals in ``mapping`` replaced;
     load indices (and integer expressions) simplified."""
-    sub = substituter(mapping)
+    sub = substituter(mapping, load=lambda x: with_load(x, x.buffer, simplify_index(x.index)))
 
     def expr(x):
-        x = simplify_loads(sub(x))
+        x = sub(x)
         return simplify_index(x) if x.dtype.startswith("int") else x
     return map_stmt(s, expr, lambda x: mapping.get(x, x))
 
