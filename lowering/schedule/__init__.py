@@ -45,9 +45,10 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    the last vector masked.  A stage that stores one element gets its
    reduction in lanes as well.  A body applying exp, log, tanh... takes
    ``MATH_CHAINS`` vectors per step outside register tiles and scan steps
-   (``vector_axis.chained_lanes``: two dependency chains side by side).  The decisions of rules 4 to 8 for ``j`` form
-   one :class:`~lowering.schedule.tile_plan.TilePlan` (``tile_plan.py``),
-   built by ``tile_loops.py``.
+   (``vector_axis.chained_lanes``: two dependency chains side by side).
+   The decisions of rules 4 to 8 for ``j`` form one
+   :class:`~lowering.schedule.tile_plan.TilePlan` (``tile_plan.py``), built
+   by ``tile_loops.py``.
 4. **Tests to selects** (``selects.py``).  An ``If`` whose condition differs
    between lanes and whose branches assign one value to one local (a padding
    test) becomes a ``select`` whose reads are

@@ -52,7 +52,7 @@ def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
     On the AMD EPYC (Zen 3) the elementwise benchmark kernel ran 1.66 -> 1.23 ms
     with AVX2 (3.42 -> 2.57 ms on one thread) and 5.06 -> 4.05 ms built for
     SSE (x86-64-v2); the softmax cross-entropy, whose exp share is smaller,
-    gained 2-4%.  Three vectors per step gained nothing more.  A scan's step
+    1-3%.  Three vectors per step gained nothing more.  A scan's step
     stages keep one vector: their slices are small, and the LSTM benchmark
     kernel built 0.25 s slower for 2% less run time."""
     math = set(FAST_MATH) | set(FAST_MATH_F64)
