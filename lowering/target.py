@@ -73,6 +73,10 @@ CPUS = {
     "apple-m2": (ARM, _ARM_V8, 128 * KIB, 4 * MIB),
 }
 DEFAULT_CACHES = (32 * KIB, 512 * KIB)       # a host CPU whose caches /sys does not report
+# Bytes one way of the L1 data cache holds, where the table gives no associativity: an
+# x86 L1 is indexed by the address's page offset (4 KiB pages), so a way holds 4 KiB
+# (32 KiB: 8 ways, 48 KiB: 12); the ARM cores named above have 16 KiB ways (64 KiB, 4 ways)
+L1_WAY_BYTES = {"x86_64": 4 * KIB, "aarch64": 16 * KIB}
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,9 @@ class Target:
     AVX-512 and NEON); ``masked_memory``: masked vector loads and stores are
     instructions (AVX and later), not a scalar loop LLVM writes out;
     ``gather``: vector gathers are instructions (AVX2 and later);
-    ``streaming_stores``: non-temporal stores plus ``sfence`` (x86)."""
+    ``streaming_stores``: non-temporal stores plus ``sfence`` (x86);
+    ``l1_ways``: the L1 data cache's associativity (lines a stride of
+    ``l1_bytes / l1_ways`` puts in one set before they evict each other)."""
 
     name: str
     triple: str
@@ -99,6 +105,7 @@ class Target:
     cache_line: int
     l1_bytes: int
     l2_bytes: int
+    l1_ways: int
     threads: int
     llvm_features: str = field(default="", compare=False, repr=False)   # as handed to LLVM
     host: bool = field(default=False, compare=False)
@@ -151,11 +158,12 @@ class Target:
                else "AVX" if "avx" in self.features else "SSE" if self.x86 else "NEON")
         return (f"{self.name}: {self.triple} cpu={self.cpu} {isa}, {self.vector_bytes}-byte vectors, "
                 f"{self.vector_registers} vector registers{', FMA' if self.fma else ''}, "
-                f"L1 {self.l1_bytes // KIB} KiB, L2 {self.l2_bytes // KIB} KiB, {self.threads} threads")
+                f"L1 {self.l1_bytes // KIB} KiB {self.l1_ways}-way, L2 {self.l2_bytes // KIB} KiB, {self.threads} threads")
 
 
-def _describe(name, triple, cpu, features, l1, l2, llvm_features=None, host=False) -> Target:
-    """A :class:`Target` from LLVM feature names: every other figure follows from them."""
+def _describe(name, triple, cpu, features, l1, l2, ways=None, llvm_features=None, host=False) -> Target:
+    """A :class:`Target` from LLVM feature names: every other figure follows
+    from them (the L1 ways from its size, unless ``ways`` says)."""
     features = frozenset(features)
     if llvm_features is None:
         llvm_features = ",".join(f"+{f}" for f in sorted(features))
@@ -173,6 +181,7 @@ def _describe(name, triple, cpu, features, l1, l2, llvm_features=None, host=Fals
         gather=x86 and "avx2" in features,
         streaming_stores=x86,
         cache_line=64, l1_bytes=l1, l2_bytes=l2,
+        l1_ways=ways or max(1, l1 // L1_WAY_BYTES.get(triple.split("-", 1)[0], 4 * KIB)),
         threads=_cores(), llvm_features=llvm_features, host=host)
 
 
@@ -183,13 +192,39 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _sys_caches() -> tuple:
-    """(L1 data, L2) bytes of CPU 0 as Linux reports them; defaults elsewhere."""
-    l1, l2 = DEFAULT_CACHES
-    root = "/sys/devices/system/cpu/cpu0/cache"
+def _sys_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple:
+    """(L1 data bytes, L2 bytes, L1 data ways) of CPU 0 as Linux reports them;
+    the default sizes and None (ways derived from the size) elsewhere.
+
+    Each cache is a directory ``index<N>``; the same directory holds other
+    entries (``uevent``), listed in no set order, which are not caches."""
+    def read(entry, name):
+        with open(os.path.join(root, entry, name)) as f:
+            return f.read().strip()
+
+    (l1, l2), ways = DEFAULT_CACHES, None
     try:
-        for entry in os.listdir(root):
-            path = os.path.join(root, entry)
+        entries = [e for e in os.listdir(root) if e.startswith("index")]
+    except OSError:
+        return l1, l2, ways
+    for entry in entries:
+        try:
+            level, kind, size = int(read(entry, "level")), read(entry, "type"), read(entry, "size")
+            n = int(size.rstrip("KMG")) * {"K": KIB, "M": MIB, "G": 1 << 30}.get(size[-1], 1)
+        except (OSError, ValueError, IndexError):
+            continue
+        if level == 1 and kind == "Data":
+            l1 = n
+            try:
+                ways = int(read(entry, "ways_of_associativity")) or None
+            except (OSError, ValueError):
+                ways = None
+        elif level == 2:
+            l2 = n
+    return l1, l2, ways
+    for entry in entries:
+        path = os.path.join(root, entry)
+        try:
             with open(os.path.join(path, "level")) as f:
                 level = int(f.read())
             with open(os.path.join(path, "type")) as f:
@@ -197,13 +232,18 @@ def _sys_caches() -> tuple:
             with open(os.path.join(path, "size")) as f:
                 size = f.read().strip()
             n = int(size.rstrip("KMG")) * {"K": KIB, "M": MIB, "G": 1 << 30}.get(size[-1], 1)
-            if level == 1 and kind == "Data":
-                l1 = n
-            elif level == 2:
-                l2 = n
-    except (OSError, ValueError):
-        pass
-    return l1, l2
+        except (OSError, ValueError, IndexError):
+            continue
+        if level == 1 and kind == "Data":
+            l1 = n
+            try:
+                with open(os.path.join(path, "ways_of_associativity")) as f:
+                    ways = int(f.read()) or None
+            except (OSError, ValueError):
+                ways = None
+        elif level == 2:
+            l2 = n
+    return l1, l2, ways
 
 
 _init_lock = threading.Lock()

@@ -98,6 +98,35 @@ def test_host_target(monkeypatch):
         assert t.vector_bytes == (64 if "avx512f" in t.features else 32 if "avx" in t.features else 16)
 
 
+def test_host_caches_come_from_the_index_directories(tmp_path, monkeypatch):
+    """The L1 data size and ways and the L2 size are read from ``index<N>``
+    directories alone: an other entry (``uevent``, which Linux may list first)
+    is not a cache and does not turn the reading into the defaults."""
+    from lowering import target as target_module
+
+    (tmp_path / "uevent").write_text("")
+    for n, (level, kind, size, ways) in enumerate([(1, "Data", "48K", 12), (1, "Instruction", "32K", 8),
+                                                   (2, "Unified", "2048K", 16), (3, "Unified", "32M", 16)]):
+        d = tmp_path / f"index{n}"
+        d.mkdir()
+        for name, text in (("level", level), ("type", kind), ("size", size), ("ways_of_associativity", ways)):
+            (d / name).write_text(f"{text}\n")
+    monkeypatch.setattr(os, "listdir", lambda root: ["uevent", "index2", "index0", "index3", "index1"])
+    assert target_module._sys_caches(str(tmp_path)) == (48 * 1024, 2048 * 1024, 12)
+    monkeypatch.undo()
+    assert target_module._sys_caches(str(tmp_path / "absent")) == (*target_module.DEFAULT_CACHES, None)
+
+
+@pytest.mark.parametrize("name, ways", [("haswell", 8), ("icelake-server", 12), ("znver4", 8),
+                                        ("aarch64-unknown-linux-gnu:neoverse-n1", 4), ("apple-m1", 8)])
+def test_named_targets_know_their_l1_ways(name, ways):
+    """A named CPU's L1 associativity follows from its L1 size (4 KiB ways on
+    x86, 16 KiB on the ARM cores named), and the target prints it."""
+    t = te.target(name)
+    assert t.l1_ways == ways
+    assert f"{ways}-way" in str(t)
+
+
 def test_none_honours_te_target(monkeypatch):
     """``te.target()`` / ``te.target(None)`` read TE_TARGET; empty or unset means the host."""
     monkeypatch.setenv("TE_TARGET", "haswell")
