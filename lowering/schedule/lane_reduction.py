@@ -16,7 +16,7 @@ from .jam import jam
 from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
 from .parallel_root import loop_chain, with_root
 from .tile_loops import tiled
-from .vector_axis import chained_lanes, lanes_for, vector_cost
+from .vector_axis import chained_lanes, lanes_for, uncrowded_lanes, vector_cost
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
         loop = min(reversed(loops), key=lambda lp: costs[lp.var])
         if costs[loop.var] == float("inf") or loop.extent.value < max(lanes, min_trips):
             return None
-        lanes = chained_lanes(lanes, inner, loop.extent.value, bl)
+        lanes = chained_lanes(uncrowded_lanes(lanes, accesses, loop.var, bl), inner, loop.extent.value, bl)
         gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
         rest = sorted((lp for lp in loops if lp is not loop),      # the gathers move least innermost
                       key=lambda lp: -sum(abs(stride(a.index, lp.var) or 1 << 20) * a.weight for a in gathers))

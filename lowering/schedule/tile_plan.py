@@ -16,7 +16,7 @@ from .packing import copied, panel_copies
 from .peeling import Peel, peel
 from .register_tile import gemm_rows, roll_shared_broadcasts
 from .selects import if_to_select
-from .vector_axis import VectorAxis, chained_lanes, lanes_for
+from .vector_axis import VectorAxis, chained_lanes, lanes_for, uncrowded_lanes
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TileP
     tiles = (var(f"{j.name}.t"), var(f"{i.name if i is not None else j.name}.t"))
     plan = TilePlan(body, j, j_extent, lanes, var(f"{j.name}.l"), tiles, axis.copies)
     if i is None:
-        return replace(plan, lanes=chained_lanes(lanes, body, j_extent, bl),
+        return replace(plan, lanes=chained_lanes(uncrowded_lanes(lanes, accesses, j, bl), body, j_extent, bl),
                        gather=gather_block(nest, j, accesses, copied(plan.copies)))
     return _register_tile(plan, nest, i, accesses, inner, out, bl)
 
