@@ -35,7 +35,7 @@ ROOT = HERE.parent
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    p.add_argument("--kernels", default="", help="comma-separated kernel numbers or names (default: all ten)")
+    p.add_argument("--kernels", default="", help="comma-separated kernel numbers or names (default: all of them)")
     p.add_argument("--peers", default="", help=f"comma-separated peers out of {','.join(PEERS)} (default: all)")
     p.add_argument("--quick", action="store_true", help="few repetitions (smoke test); figures are rough")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
