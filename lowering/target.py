@@ -222,28 +222,6 @@ def _sys_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple:
         elif level == 2:
             l2 = n
     return l1, l2, ways
-    for entry in entries:
-        path = os.path.join(root, entry)
-        try:
-            with open(os.path.join(path, "level")) as f:
-                level = int(f.read())
-            with open(os.path.join(path, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(path, "size")) as f:
-                size = f.read().strip()
-            n = int(size.rstrip("KMG")) * {"K": KIB, "M": MIB, "G": 1 << 30}.get(size[-1], 1)
-        except (OSError, ValueError, IndexError):
-            continue
-        if level == 1 and kind == "Data":
-            l1 = n
-            try:
-                with open(os.path.join(path, "ways_of_associativity")) as f:
-                    ways = int(f.read()) or None
-            except (OSError, ValueError):
-                ways = None
-        elif level == 2:
-            l2 = n
-    return l1, l2, ways
 
 
 _init_lock = threading.Lock()
