@@ -345,12 +345,17 @@ def _rnn_kernel(T):
 
 def test_one_loop_over_time_whatever_the_steps():
     """T = 16 and T = 256 lower to the same program but for the numbers
-    (extents, offsets): same stages, LLVM IR of about the same size."""
-    small, large = _rnn_kernel(16), _rnn_kernel(256)
-    assert len(small.program.stages) == len(large.program.stages)
+    (extents, offsets): same stages, one loop over time each way, and the
+    code does not grow with the steps (16 times the steps, less than half as
+    much code again: the schedule may treat long sums apart, e.g. on AVX-512
+    the weight gradient's sum over 256 steps is long enough for K blocks,
+    over 16 it is not)."""
+    kernels = {T: _rnn_kernel(T) for T in (16, 256, 4096)}
+    small, large = kernels[16], kernels[256]
     assert re.sub(r"\d+", "N", small.loop_ir) == re.sub(r"\d+", "N", large.loop_ir)
     assert small.loop_ir.count("time loop") == 2                    # forward and reverse scan
-    assert len(large.llvm_ir) < 1.05 * len(small.llvm_ir) + 2000
+    size = {T: len(k.llvm_ir) for T, k in kernels.items()}
+    assert size[256] < 1.5 * size[16] and size[4096] < 1.5 * size[256], size
 
 
 def test_cost_counts_steps_times_body():

@@ -538,8 +538,10 @@ def test_a_transposed_write_streams_only_whole_cache_lines(name, streams):
     """A transpose writes a tile's rows in turn, one vector each: AVX-512's
     64-byte vector is a whole cache line and streams; AVX2's 32-byte one
     would leave lines half written (partial write-combining flushes), so it
-    goes through the caches.  A row written in order streams on both."""
-    n = 1024
+    goes through the caches.  A row written in order streams on both.  (Rows
+    of 1040 elements: with 1024, rows 4 KiB apart, the gathers take 8 lanes,
+    see test_gathers_keep_their_lanes_lines_within_the_l1_ways.)"""
+    n = 1040
     A = te.placeholder((n, n), "float32", "A")
     B = te.compute((n, n), lambda i, j: A[j, i] * 2.0, name="B")
     transposed = te.build([A], [B], target=name)

@@ -60,9 +60,15 @@ def uncrowded_lanes(lanes: int, accesses, v: Var, bl: Blocking) -> int:
         if s in (0, 1, None):
             continue
         step = s * np.dtype(a.buffer.dtype).itemsize
-        while lanes > 2 and max(Counter(k * step // line % sets for k in range(lanes)).values()) > t.l1_ways:
+        while lanes > 2 and _crowding(step, lanes, line, sets) > t.l1_ways:
             lanes //= 2
     return lanes
+
+
+def _crowding(step: int, lanes: int, line: int, sets: int) -> int:
+    """The most lines of one L1 set that ``lanes`` lanes ``step`` bytes apart
+    touch (lanes sharing a line count once)."""
+    return max(Counter(x % sets for x in {k * step // line for k in range(lanes)}).values())
 
 
 def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
