@@ -208,6 +208,7 @@ def main(argv=None):
                   f"last loss {losses[-1]:.4f}, test accuracy {accuracy(model, x_test, y_test):.2%}")
             if args.save:
                 torch.save(model.state_dict(), args.save)
+        dist.barrier()          # no rank tears gloo down while another still uses it
     finally:
         dist.destroy_process_group()
 
