@@ -39,13 +39,15 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    (masked work); plus the cost of copying packed operands (rule 5).  The
    innermost reduction loop is scored the same way: when it wins (a row
    reduction such as a softmax denominator) each element's reduction runs
-   in vector lanes (``lane_reduction.py``).  Otherwise the best output axis
+   in vector lanes (``lane_reduction.py``; a reduction shorter than a
+   vector, half a vector or more).  Otherwise the best output axis
    ``j`` becomes a :class:`~lowering.loop_ir.Simd` loop of one native
    vector of lanes (``Blocking.lanes``: 16 float32 on AVX-512, 8 on AVX2),
    the last vector masked.  A vector loop gathering from rows whose lines
    fall in one L1 set (rows 4 KiB apart) takes no more lanes than the set
-   has ways (``vector_axis.uncrowded_lanes``, ``Target.l1_ways``).  A stage that stores one element gets its
-   reduction in lanes as well.  A body applying exp, log, tanh... takes
+   has ways (``vector_axis.uncrowded_lanes``, ``Target.l1_ways``).  A stage
+   that stores one element gets its reduction in lanes as well.  A body
+   applying exp, log, tanh... takes
    ``MATH_CHAINS`` vectors per step outside register tiles and scan steps
    (``vector_axis.chained_lanes``: two dependency chains side by side).
    The decisions of rules 4 to 8 for ``j`` form one

@@ -22,7 +22,7 @@ UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fu
 MATH_CHAINS = 2              # vectors per step of a body applying exp, tanh... (rule 3, chained_lanes)
 
 
-def _pow2_floor(n: int) -> int:
+def pow2_floor(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
@@ -71,6 +71,6 @@ def blocking(target: Target) -> Blocking:
     regs = target.vector_registers
     rows = min(MAX_TILE_ROWS, (regs - TILE_VECTORS - 1) // TILE_VECTORS)
     dot = max(t for t in range(1, 9) if t * t + 2 * t <= regs)
-    k_block = _pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
+    k_block = pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
     return Blocking(target, rows, dot, k_block, 1 << (target.l1_bytes - 1).bit_length(),
-                    _pow2_floor(target.l2_bytes // 2))
+                    pow2_floor(target.l2_bytes // 2))

@@ -10,7 +10,7 @@ from itertools import count
 from te_autodiff.expr import Const, Var, add, mul, var
 
 from ..loop_ir import Alloc, Assign, Block, For, If, LaneReduce, Local, Simd, Stage, rename, stride, walk
-from .blocking import SUM_RUN, Blocking
+from .blocking import SUM_RUN, Blocking, pow2_floor
 from .ir import as_block, idx
 from .jam import jam
 from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
@@ -60,6 +60,8 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
     """The :class:`_LanePlan` of the first reduction loop nest of ``body``:
     the lanes run over the loop along which the reads are most contiguous,
     the loop along which the remaining gathers move least is innermost.
+    A loop shorter than a native vector takes the widest power of two of
+    lanes it fills, down to half a vector (rows of 14 on AVX-512: 8 lanes).
     None when no nest qualifies or its best loop is too short."""
     for k, loops, inner in loop_nests(body):
         accs = _accumulators(body.stmts, k, inner)
@@ -69,7 +71,11 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
         lanes = lanes_for(accesses, bl)
         costs = {lp.var: vector_cost(accesses, lp.var, lanes, lp.extent.value) for lp in loops}
         loop = min(reversed(loops), key=lambda lp: costs[lp.var])
-        if costs[loop.var] == float("inf") or loop.extent.value < max(lanes, min_trips):
+        if costs[loop.var] == float("inf") or loop.extent.value < min_trips:
+            return None
+        # a loop shorter than a native vector takes a narrower one (at least half), one full vector or more
+        lanes = min(lanes, pow2_floor(loop.extent.value))
+        if lanes * 2 < lanes_for(accesses, bl):
             return None
         lanes = chained_lanes(uncrowded_lanes(lanes, accesses, loop.var, bl), inner, loop.extent.value, bl)
         gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
