@@ -68,14 +68,11 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
         if accs is None:
             continue
         accesses = accesses_of(inner)
-        lanes = lanes_for(accesses, bl)
-        costs = {lp.var: vector_cost(accesses, lp.var, lanes, lp.extent.value) for lp in loops}
+        native = lanes_for(accesses, bl)
+        costs = {lp.var: vector_cost(accesses, lp.var, native, lp.extent.value) for lp in loops}
         loop = min(reversed(loops), key=lambda lp: costs[lp.var])
-        if costs[loop.var] == float("inf") or loop.extent.value < min_trips:
-            return None
-        # a loop shorter than a native vector takes a narrower one (at least half), one full vector or more
-        lanes = min(lanes, pow2_floor(loop.extent.value))
-        if lanes * 2 < lanes_for(accesses, bl):
+        lanes = min(native, pow2_floor(loop.extent.value))
+        if costs[loop.var] == float("inf") or loop.extent.value < min_trips or lanes * 2 < native:
             return None
         lanes = chained_lanes(uncrowded_lanes(lanes, accesses, loop.var, bl), inner, loop.extent.value, bl)
         gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
