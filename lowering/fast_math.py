@@ -9,9 +9,11 @@ loops, the loop vectoriser and the explicit vector loops of ``schedule/``
 
 Algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from one fma,
 a two-part ln2 as in Cody-Waite), takes ``e^r = 1 + r H(r)`` from a degree-6
-minimax polynomial and scales by ``2^n`` with one rounding (vscalefps on
-AVX-512 vectors of 16 or 32 lanes, else two power-of-two factors, so
-subnormal results round once).  log (Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in
+minimax polynomial and scales by ``2^n`` with one rounding: vscalefps on
+AVX-512 vectors of 16 or 32 lanes; elsewhere ``n`` added to the exponent
+field where every lane's result is a normal float (two integer operations),
+and two power-of-two factors, so subnormal results round once, in a branch
+taken only by vectors with a lane out of that range.  log (Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in
 ``[sqrt(1/2), sqrt(2))`` and uses a degree-9 polynomial; log1p corrects
 ``log(1 + x)`` for the rounding of ``1 + x``.  tanh uses an odd polynomial
 below 0.625 and ``1 - 2e / (1 + e)``, ``e = e^{-2|x|}``, above, with
@@ -100,12 +102,14 @@ _ROUND = 12582912.0                 # 1.5 * 2^23: x + _ROUND - _ROUND rounds x t
 
 def _exp_reduce(o, x):
     """``x = n ln2 + r``, ``|r| <= ln2/2``, for a clamped ``x``: ``n = rint(x / ln2)``
-    (one fma against 1.5 2^23 rounds the exact product), ``r`` with a two-part
-    ln2 (Cody-Waite: ``n ln2_hi`` is exact).  Returns ``(n, r, H(r))``."""
-    n = o.sub(o.add(o.mul(x, o.f(1.44269504088896341)), o.f(_ROUND)), o.f(_ROUND))
+    (one fma against 1.5 2^23 rounds the exact product into ``t = n + 1.5 2^23``),
+    ``r`` with a two-part ln2 (Cody-Waite: ``n ln2_hi`` is exact).  Returns
+    ``(t, n, r, H(r))``."""
+    t = o.add(o.mul(x, o.f(1.44269504088896341)), o.f(_ROUND))
+    n = o.sub(t, o.f(_ROUND))
     r = o.sub(x, o.mul(n, o.f(0.693359375)))
     r = o.sub(r, o.mul(n, o.f(-2.12194440e-4)))
-    return n, r, o.horner(r, _EXPM1_POLY)
+    return t, n, r, o.horner(r, _EXPM1_POLY)
 
 
 def _ldexp(o, p, n):
@@ -124,6 +128,26 @@ def _ldexp(o, p, n):
     return o.mul(o.mul(p, o.pow2(half)), o.pow2(o.b.sub(ni, half)))
 
 
+def _ldexp_normal(o, p, t):
+    """``p 2^n`` for ``t = n + 1.5 2^23`` (from :func:`_exp_reduce`) where ``p``
+    and ``p 2^n`` are normal floats: ``n`` is the low bits of ``t``'s
+    mantissa, so ``t``'s bits shifted left by 23 are ``n`` in the exponent
+    field (1.5 2^23's own bits shift out), added to ``p``'s.  Two integer
+    operations against :func:`_ldexp`'s nine, the same bits."""
+    b = o.b
+    bits = b.add(b.bitcast(p, o.t(I32)), b.shl(b.bitcast(t, o.t(I32)), o.i(23)))
+    return b.bitcast(bits, o.t(F32))
+
+
+def _scaled(o, normal, fast, slow):
+    """``fast()`` where every lane satisfies ``normal``, else ``slow()``: on
+    vectors without vscalefps a branch keeps the common case to
+    :func:`_ldexp_normal`; scalars and vscalefps take ``slow`` alone."""
+    if o.n is None or o.scalef:
+        return slow()
+    return _unless_all(o, normal(), fast(), slow)
+
+
 def _nan_through(o, x, y):
     """``y``, or ``x`` where ``x`` is NaN (needed where :func:`_ldexp` is not vscalefps)."""
     return y if o.scalef else o.b.select(o.isnan(x), x, y)
@@ -132,8 +156,11 @@ def _nan_through(o, x, y):
 def exp_f32(fe, x):
     o = _Ops(fe, x)
     xc = o.call("llvm.minimum", o.call("llvm.maximum", x, o.f(-104.0)), o.f(88.8))    # NaN stays NaN
-    n, r, h = _exp_reduce(o, xc)
-    return _nan_through(o, x, _ldexp(o, o.add(o.mul(r, h), o.f(1.0)), n))
+    t, n, r, h = _exp_reduce(o, xc)
+    p = o.add(o.mul(r, h), o.f(1.0))                    # in [0.70, 1.42]
+    # -86.5 < x < 88.3: n in [-125, 127], p 2^n normal and finite (NaN fails the test)
+    return _scaled(o, lambda: o.b.and_(o.lt(o.f(-86.5), x), o.lt(x, o.f(88.3))),
+                   lambda: _ldexp_normal(o, p, t), lambda: _nan_through(o, x, _ldexp(o, p, n)))
 
 
 # ------------------------------------------------------------------------ log
@@ -199,8 +226,8 @@ def tanh_f32(fe, x):
     is_small = o.b.fcmp_unordered("<", a, o.f(0.625))                   # NaN: small
 
     def either():
-        n, r, h = _exp_reduce(o, o.mul(o.call("llvm.minimum", a, o.f(9.1)), o.f(-2.0)))
-        e = _ldexp(o, o.add(o.mul(r, h), o.f(1.0)), n)
+        t, _, r, h = _exp_reduce(o, o.mul(o.call("llvm.minimum", a, o.f(9.1)), o.f(-2.0)))
+        e = _ldexp_normal(o, o.add(o.mul(r, h), o.f(1.0)), t)          # n in [-27, 0]
         return o.b.select(is_small, small, o.add(o.mul(e, o.horner(e, _TANH_RCP)), o.f(1.0)))
     y = either() if o.n is None else _unless_all(o, is_small, small, either)
     return o.call("llvm.copysign", y, x)
@@ -239,17 +266,22 @@ def sigmoid_f32(fe, x):
     ``1 + v = (1 + t)(1 + u)``: neither ``e`` nor ``y`` is rounded on the way (either
     costs up to 1 ulp more where ``e y`` falls into a binade below them)."""
     o = _Ops(fe, x)
-    n, r, h = _exp_reduce(o, o.call("llvm.maximum", o.b.fneg(o.call("llvm.fabs", x)), o.f(-104.0)))
-    t = o.mul(r, h)
-    e = _ldexp(o, o.add(t, o.f(1.0)), n)
-    y0 = o.horner(e, _SIGMOID_RCP)
-    d = o.sub(o.sub(o.f(1.0), y0), o.mul(e, y0))
-    u = o.add(o.mul(d, d), d)
-    y = o.add(o.mul(y0, u), y0)
-    v = o.add(o.mul(t, u), o.add(t, u))
-    below = _ldexp(o, o.add(o.mul(y0, v), y0), n)
-    s = o.b.select(o.b.fcmp_ordered(">=", x, o.f(0.0)), y, below)
-    return _nan_through(o, x, s)
+    a = o.call("llvm.fabs", x)
+    t, n, r, h = _exp_reduce(o, o.call("llvm.maximum", o.b.fneg(a), o.f(-104.0)))
+    tr = o.mul(r, h)
+
+    def sigmoid(ldexp):
+        e = ldexp(o.add(tr, o.f(1.0)))
+        y0 = o.horner(e, _SIGMOID_RCP)
+        d = o.sub(o.sub(o.f(1.0), y0), o.mul(e, y0))
+        u = o.add(o.mul(d, d), d)
+        y = o.add(o.mul(y0, u), y0)
+        v = o.add(o.mul(tr, u), o.add(tr, u))
+        below = ldexp(o.add(o.mul(y0, v), y0))
+        return o.b.select(o.b.fcmp_ordered(">=", x, o.f(0.0)), y, below)
+    # |x| < 85: n >= -123, and e and below (y0 (1 + v) >= 0.35) stay normal (NaN fails the test)
+    return _scaled(o, lambda: o.lt(a, o.f(85.0)), lambda: sigmoid(lambda p: _ldexp_normal(o, p, t)),
+                   lambda: _nan_through(o, x, sigmoid(lambda p: _ldexp(o, p, n))))
 
 
 FAST_MATH = {"exp": exp_f32, "log": log_f32, "log1p": log1p_f32, "tanh": tanh_f32,

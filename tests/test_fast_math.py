@@ -108,20 +108,30 @@ def test_every_path_computes_the_same_bits(name):
         assert same.all(), list(zip(a[~same], got[~same], scalar[~same]))[:5]
 
 
-def test_tanh_of_an_element_does_not_depend_on_its_vector():
-    """tanh skips its large-argument formula for vectors whose lanes are all
-    below 0.625: a value gives the same bits among small ones or mixed ones."""
-    small = RNG.uniform(-0.62, 0.62, 4096).astype(np.float32)
-    mixed = small.copy()
-    mixed[::37] = RNG.uniform(-5, 5, mixed[::37].size)          # a large lane in some vectors only
-    x = te.placeholder((4096,), "float32", "x")
-    f = te.build([x], [te.compute((4096,), lambda i: te.tanh(x[i]), name="y")])
+# name: (a bound below which every lane takes the common path, arguments that do not)
+COMMON_PATH = {"tanh": (0.62, lambda n: RNG.uniform(-5, 5, n)),
+               "exp": (80.0, lambda n: RNG.choice([-100.0, -87.0, -86.6, 88.4, 88.6, np.nan], n)),
+               "sigmoid": (80.0, lambda n: RNG.choice([-100.0, -86.0, 85.5, 90.0, np.nan], n))}
+
+
+@pytest.mark.parametrize("name", sorted(COMMON_PATH))
+def test_a_value_does_not_depend_on_its_vector(name):
+    """tanh skips its large-argument formula, and exp and sigmoid their
+    subnormal-safe scaling, for vectors whose lanes all allow it: a value
+    gives the same bits among common ones or mixed ones."""
+    bound, uncommon = COMMON_PATH[name]
+    common = RNG.uniform(-bound, bound, 4096).astype(np.float32)
+    mixed = common.copy()
+    mixed[::37] = uncommon(mixed[::37].size)                   # in some vectors only
+    x, y = build(name, 4096)
+    f = te.build([x], [y])
     got = f(mixed)
     keep = np.ones(4096, bool)
     keep[::37] = False
-    np.testing.assert_array_equal(f(small)[keep], got[keep])
+    np.testing.assert_array_equal(f(common)[keep], got[keep])
     order = RNG.permutation(4096)
     np.testing.assert_array_equal(f(mixed[order]), got[order])
+    np.testing.assert_array_equal(got, unscheduled([x], [y], [mixed])[0])
 
 
 def test_a_stage_applying_a_function_often_calls_one_copy_of_it():
