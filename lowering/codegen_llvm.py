@@ -79,6 +79,7 @@ INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": 
 LIBM = {"tanh": ("tanhf", "tanh"), "log1p": ("log1pf", "log1p")}
 PARTIAL_UNROLL = 4      # times LLVM unrolls a loop of kind "partial"
 INLINE_MATH_USES = 2    # a stage applying a fast_math function more often calls one copy of it
+SHUFFLE_CHUNK_BYTES = 16  # x86 shuffles are cheap within a 128-bit lane; SSE and NEON registers are one
 
 
 def _mangle(t) -> str:
@@ -297,6 +298,16 @@ _EXPR = {
     LaneReduce: lambda fe, e, v: fe.lane_reduce(e, v[0]),
     Local: lambda fe, e, v: fe.b.load(fe.locals[e], typ=fe.local_type[e]),
 }
+
+
+def _interleave_mask(width: int, unit: int, n: int, high: int) -> list:
+    """The shufflevector mask interleaving two vectors ``a``, ``b`` of
+    ``width`` lanes by units of ``unit`` lanes within segments of ``n``
+    units: each segment of the result is ``a``'s and ``b``'s first (or with
+    ``high``, second) halves of that segment, unit by unit alternately."""
+    seg = unit * n
+    return [s * seg + (j // 2 + high * (n // 2)) * unit + e + (width if j % 2 else 0)
+            for s in range(width // seg) for j in range(n) for e in range(unit)]
 
 
 # ----------------------------------------------------------------- functions
@@ -675,7 +686,79 @@ class _FunctionEmitter(_Emitter):
             lo = self.b.call(self.intrinsic("llvm.smax.i64", I64, [I64, I64]), [lo, self.lo])
             hi = self.b.call(self.intrinsic("llvm.smin.i64", I64, [I64, I64]), [hi, self.hi])
         kind = "serial" if self.lanes is not None and s.kind not in ("rolled", "partial") else s.kind
+        reads = self._transposed_reads(s) if s.kind == "transpose" else []
+        if reads:
+            return self._transposed_for(s, lo, reads)
         self._loop(s.var, lo, hi, lambda iv: self.block(s.body, {s.var: iv}), kind)
+
+    def _transposed_reads(self, s: For) -> list:
+        """The reads in the body of ``s``, a loop of kind ``transpose`` inside
+        a vector loop, that are strided across the lanes and contiguous along
+        ``s``: :meth:`_transposed_for` reads them as rows.  Empty while a lane
+        is inactive or when ``s`` does not run whole vectors (leftover lanes
+        or iterations gather)."""
+        lanes = self.lanes
+        if lanes is None or self.mask is not None or not isinstance(s.extent, Const) \
+                or s.extent.value <= 0 or s.extent.value % lanes.width:
+            return []
+        stmts = [x for x in walk(s.body) if not isinstance(x, Block)]
+        return [e for e in topo_order(e for x in stmts for e in stmt_exprs(x))
+                if isinstance(e, BufLoad) and e.buffer not in self.written and e.buffer.dtype != "bool"
+                and lanes.base(e.index) is None and stride(e.index, s.var) == 1
+                and stride(e.index, lanes.var) not in (None, 0)
+                and not any(isinstance(x, Local) for x in free_leaves(e.index))]
+
+    def _transposed_for(self, s: For, lo, reads):
+        """``s`` a vector at a time: each read of ``reads`` is ``W`` contiguous
+        row loads (lane ``l``'s next ``W`` elements along ``s``) transposed in
+        registers, so iteration ``k`` of the block finds its ``W`` lanes in
+        vector ``k``; the body is emitted once per iteration.  A gather costs
+        one load per lane, this one per vector (and ``W log2 W`` shuffles)."""
+        width = self.lanes.width
+        lane0 = {e: substitute(e.index, {self.lanes.var: self.lanes.lo}) for e in reads}
+
+        def block(iv):
+            first = self.b.add(lo, self.b.mul(iv, ir.Constant(I64, width)))
+            self.scopes.append({s.var: first})
+            columns = {e: self._transposed(self._rows(e, self.expr(lane0[e]), stride(e.index, self.lanes.var)),
+                                           _ITEMSIZE[e.buffer.dtype]) for e in reads}
+            self.scopes.pop()
+            for k in range(width):
+                self.block(s.body, {s.var: self.b.add(first, ir.Constant(I64, k)),
+                                    **{e: columns[e][k] for e in reads}})
+
+        self._loop(s.var, ir.Constant(I64, 0), ir.Constant(I64, s.extent.value // width), block)
+
+    def _rows(self, e, index, step):
+        """``W`` vector loads of ``e.buffer`` at ``index``, ``index + step``, ..."""
+        vt = ir.VectorType(MEMORY_TYPE[e.buffer.dtype], self.lanes.width)
+        return [self._tag(self.b.load(self._address(e.buffer, self.b.add(index, ir.Constant(index.type, l * step))),
+                                      typ=vt, align=_align(e.buffer)))
+                for l in range(self.lanes.width)]
+
+    def _transposed(self, rows, itemsize):
+        """The columns of the square matrix whose rows are the vectors ``rows``.
+        First the ``C x C`` blocks within 16-byte chunks (``C`` elements) are
+        transposed, then the chunks themselves: each step is log2 of its size
+        rounds of interleaving row ``t`` with row ``t + n/2`` of the ``n`` rows
+        it pairs (``n`` perfect shuffles transpose ``n x n``).  x86 shuffles
+        within a 128-bit lane are the cheap ones (unpcklps and unpckhps, then
+        vperm2f128 or vshuff32x4 for whole chunks); SSE and NEON registers
+        are one chunk."""
+        width = len(rows)
+        chunk = min(width, SHUFFLE_CHUNK_BYTES // itemsize)
+        for unit, n, step in ((1, chunk, 1), (chunk, width // chunk, chunk)):
+            starts = range(0, width, chunk) if step == 1 else range(chunk)
+            masks = [ir.Constant(ir.VectorType(I32, width), _interleave_mask(width, unit, n, h)) for h in (0, 1)]
+            for _ in range(n.bit_length() - 1):
+                out = list(rows)
+                for first in starts:
+                    for t in range(n // 2):
+                        a, b = rows[first + t * step], rows[first + (t + n // 2) * step]
+                        for h in (0, 1):
+                            out[first + (2 * t + h) * step] = self.b.shuffle_vector(a, b, masks[h])
+                rows = out
+        return rows
 
     def _masked_for(self, s: For, lo, extent):
         """A loop whose bounds differ between lanes: the scalar variable runs

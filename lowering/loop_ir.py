@@ -21,7 +21,7 @@ import numpy as np
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
 from te_autodiff.visit import children as te_children
 
-LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled", "partial")
+LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled", "partial", "transpose")
 BUFFER_KINDS = ("input", "output", "temp")
 STAGE_BUDGET = 256               # expression nodes of one stage body: LLVM's compile time grows faster
                                  # than linearly with one loop body, so lowering and fusion stop here
@@ -133,7 +133,11 @@ class For:
     them across threads); vectorize (iterations independent, a hint for the
     loop vectoriser); rolled (serial, and LLVM must not unroll it: see
     ``schedule/register_tile.py``); partial (serial, and LLVM unrolls it
-    ``PARTIAL_UNROLL`` times, never fully: see ``schedule/packing.py``)."""
+    ``PARTIAL_UNROLL`` times, never fully: see ``schedule/packing.py``);
+    transpose (serial, inside a vector loop: its reads strided across the
+    lanes and contiguous along it are loaded a vector of iterations at a
+    time as rows and transposed in registers, see
+    ``schedule/vector_axis.py``'s ``transposed_lanes``)."""
 
     var: Var
     lo: Expr

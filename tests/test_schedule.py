@@ -596,16 +596,16 @@ def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
     one line per lane, all in one L1 set: it takes no more lanes than the set
     has ways (8 on these CPUs; 12 on Ice Lake, so 8 lanes there too).  Rows
     of 1000 elements spread the lines over many sets and keep the native
-    vector.  Both the transposing copy and the reduction reading the
-    transposed rows (lanes along the reduction) follow the rule; the values
-    match numpy on this machine."""
+    vector.  Both the transposing copy and a reduction gathering across rows
+    (lanes along the reduction; every other element of a row, so not read
+    as rows) follow the rule; the values match numpy on this machine."""
     n = 64
-    A = te.placeholder((n, row), "float32", "A")
+    A = te.placeholder((n, 2 * row), "float32", "A")
     H = te.placeholder((row, n), "float32", "H")
-    T = te.compute((row, n), lambda i, j: A[j, i] * 2.0, name="T")
+    T = te.compute((2 * row, n), lambda i, j: A[j, i] * 2.0, name="T")
     r0, r1 = te.reduce_axis(row, "r0"), te.reduce_axis(n, "r1")
-    s = te.compute((1,), lambda _: te.sum(A[r1, r0] * H[r0, r1], axis=[r0, r1]), name="s")
-    a = RNG.standard_normal((n, row)).astype(np.float32)
+    s = te.compute((1,), lambda _: te.sum(A[r1, 2 * r0] * H[r0, r1], axis=[r0, r1]), name="s")
+    a = RNG.standard_normal((n, 2 * row)).astype(np.float32)
     h = RNG.standard_normal((row, n)).astype(np.float32)
     for out in (T, s):
         kernel = te.build([A, H], [out], target=target)
@@ -616,8 +616,40 @@ def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
         if out is T:
             np.testing.assert_array_equal(got, a.T * 2.0)
         else:
-            terms = a.T.astype(np.float64) * h      # a float32 sum: judged against the size of its terms
+            terms = a[:, ::2].T.astype(np.float64) * h      # a float32 sum: judged against the size of its terms
             np.testing.assert_allclose(got, [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))
+
+
+@pytest.mark.parametrize("target, dtype, lanes", [
+    ("x86-64-v2", "float32", 8), ("haswell", "float32", 16), ("haswell", "float64", 8),
+    ("skylake-avx512", "float32", 16), ("skylake-avx512", "float64", 8)])
+def test_reads_contiguous_along_the_loop_inside_the_lanes_are_transposed_rows(target, dtype, lanes):
+    """The strided benchmark kernel's loss, ``sum A[2j + 1, i] H[i, j]``
+    (1024 x 1024), in lanes along ``j``: ``A`` is strided across the lanes
+    (rows 8 KiB apart) and contiguous along ``i``, the loop inside them.
+    That loop is of kind ``transpose`` (rows loaded and transposed in
+    registers, not gathered) and the lanes cover a cache line, two native
+    vectors at most (SSE: 8 float32).  The sums match numpy for rows
+    starting anywhere in a line (numpy's arrays, and views one element on),
+    also for 1032 or 24 columns (on some targets lanes left over: a masked
+    vector, which gathers)."""
+    for nj, ni in ((1024, 1024), (1032, 1024), (24, 1024)):
+        A = te.placeholder((2 * nj, ni), dtype, "A")
+        H = te.placeholder((ni, nj), dtype, "H")
+        i, j = te.reduce_axis(ni, "i"), te.reduce_axis(nj, "j")
+        s = te.compute((1,), lambda _: te.sum(A[2 * j + 1, i] * H[i, j], axis=[i, j]), name="s")
+        kernel = te.build([A, H], [s], target=target)
+        if nj == ni:
+            loops = [x for st in kernel.program.stages for x in walk(st.body)]
+            assert [x.kind for x in loops if isinstance(x, For) and x.kind == "transpose"]
+            assert {x.lanes for x in loops if isinstance(x, Simd)} == {lanes}
+        run = kernel if kernel.target.missing_on_host() is None else te.build([A, H], [s], target="host")
+        for offset in (0, 1):
+            a = RNG.standard_normal(2 * nj * ni + 1).astype(dtype)[offset:offset + 2 * nj * ni].reshape(2 * nj, ni)
+            h = RNG.standard_normal(ni * nj + 1).astype(dtype)[offset:offset + ni * nj].reshape(ni, nj)
+            terms = a[1::2].T.astype(np.float64) * h
+            tol = 1e-5 if dtype == "float32" else 1e-12
+            np.testing.assert_allclose(run(a, h), [np.sum(terms)], rtol=tol, atol=tol * np.sum(np.abs(terms)))
 
 
 @pytest.mark.parametrize("target, lanes", [("x86-64-v2", 4), ("haswell", 8), ("skylake-avx512", 8)])

@@ -4,7 +4,7 @@ storing one element or a row reduction, rule 1's parts), and dot-product
 tiles (rule 5's alternative to copying a large operand)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 
 from te_autodiff.expr import Const, Var, add, mul, var
@@ -16,7 +16,7 @@ from .jam import jam
 from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
 from .parallel_root import loop_chain, with_root
 from .tile_loops import tiled
-from .vector_axis import chained_lanes, lanes_for, uncrowded_lanes, vector_cost
+from .vector_axis import chained_lanes, lanes_for, transposed_lanes, uncrowded_lanes, vector_cost
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
         gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
         rest = sorted((lp for lp in loops if lp is not loop),      # the gathers move least innermost
                       key=lambda lp: -sum(abs(stride(a.index, lp.var) or 1 << 20) * a.weight for a in gathers))
+        wide = transposed_lanes(lanes, accesses, loop.var, rest[-1] if rest else None, inner, bl)
+        if wide is not None and loop.extent.value >= wide:
+            rest[-1] = replace(rest[-1], kind="transpose")
+            lanes = wide
         return _LanePlan(k, inner, accs, loop, tuple(rest), lanes)
     return None
 
@@ -85,7 +89,7 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
 def _around(loops, body):
     """``body`` inside copies of ``loops`` (outermost first)."""
     for lp in reversed(loops):
-        body = For(lp.var, lp.lo, lp.extent, as_block(body))
+        body = For(lp.var, lp.lo, lp.extent, as_block(body), lp.kind)
     return body
 
 
@@ -116,7 +120,7 @@ def _whole_vectors(p: _LanePlan, lane: Var, parts: dict):
         runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in p.accs}
         last = chain[-1]
         body = Block(_allocs(p.accs, runs) + (
-            For(last.var, last.lo, last.extent, as_block(rename(p.inner, {p.loop.var: first, **runs}))),) + tuple(
+            For(last.var, last.lo, last.extent, as_block(rename(p.inner, {p.loop.var: first, **runs})), last.kind),) + tuple(
             Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in p.accs))
         return _around(chain[:-1], body)
     return _around(chain, rename(p.inner, {p.loop.var: first, **parts}))
