@@ -79,7 +79,6 @@ INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": 
 LIBM = {"tanh": ("tanhf", "tanh"), "log1p": ("log1pf", "log1p")}
 PARTIAL_UNROLL = 4      # times LLVM unrolls a loop of kind "partial"
 INLINE_MATH_USES = 2    # a stage applying a fast_math function more often calls one copy of it
-SHUFFLE_CHUNK_BYTES = 16  # x86 shuffles are cheap within a 128-bit lane; SSE and NEON registers are one
 
 
 def _mangle(t) -> str:
@@ -738,15 +737,14 @@ class _FunctionEmitter(_Emitter):
 
     def _transposed(self, rows, itemsize):
         """The columns of the square matrix whose rows are the vectors ``rows``.
-        First the ``C x C`` blocks within 16-byte chunks (``C`` elements) are
+        First the ``C x C`` blocks within chunks of ``C`` elements are
         transposed, then the chunks themselves: each step is log2 of its size
         rounds of interleaving row ``t`` with row ``t + n/2`` of the ``n`` rows
-        it pairs (``n`` perfect shuffles transpose ``n x n``).  x86 shuffles
-        within a 128-bit lane are the cheap ones (unpcklps and unpckhps, then
-        vperm2f128 or vshuff32x4 for whole chunks); SSE and NEON registers
-        are one chunk."""
+        it pairs (``n`` perfect shuffles transpose ``n x n``).  The chunk is
+        the target's ``shuffle_chunk_bytes``: on x86, unpcklps and unpckhps
+        within 128-bit lanes, then vperm2f128 or vshuff32x4 for whole chunks."""
         width = len(rows)
-        chunk = min(width, SHUFFLE_CHUNK_BYTES // itemsize)
+        chunk = min(width, self.target.shuffle_chunk_bytes // itemsize)
         for unit, n, step in ((1, chunk, 1), (chunk, width // chunk, chunk)):
             starts = range(0, width, chunk) if step == 1 else range(chunk)
             masks = [ir.Constant(ir.VectorType(I32, width), _interleave_mask(width, unit, n, h)) for h in (0, 1)]

@@ -77,6 +77,7 @@ DEFAULT_CACHES = (32 * KIB, 512 * KIB)       # a host CPU whose caches /sys does
 # x86 L1 is indexed by the address's page offset (4 KiB pages), so a way holds 4 KiB
 # (32 KiB: 8 ways, 48 KiB: 12); the ARM cores named above have 16 KiB ways (64 KiB, 4 ways)
 L1_WAY_BYTES = {"x86_64": 4 * KIB, "aarch64": 16 * KIB}
+SHUFFLE_CHUNK_BYTES = {"x86_64": 16, "aarch64": 16}   # see Target.shuffle_chunk_bytes
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,13 @@ class Target:
     def scale_intrinsic(self) -> str | None:
         """AVX-512's ``vscalefps`` on 16 float32 (``p 2^n`` in one rounding), if the target has it."""
         return "llvm.x86.avx512.mask.scalef.ps.512" if "avx512f" in self.features else None
+
+    @property
+    def shuffle_chunk_bytes(self) -> int:
+        """The widest block a shuffle moves freely: x86's AVX and AVX-512
+        shuffles are cheap within a 128-bit lane (a whole SSE register) and
+        NEON registers are 128 bits, so 16 on every supported target."""
+        return SHUFFLE_CHUNK_BYTES.get(self.arch, 16)
 
     @property
     def alignment(self) -> int:
