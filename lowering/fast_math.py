@@ -10,7 +10,7 @@ loops, the loop vectoriser and the explicit vector loops of ``schedule/``
 Algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from one fma,
 a two-part ln2 as in Cody-Waite), takes ``e^r = 1 + r H(r)`` from a degree-6
 minimax polynomial and scales by ``2^n`` with one rounding: vscalefps on
-AVX-512 vectors of 16 or 32 lanes; elsewhere ``n`` added to the exponent
+AVX-512 vectors of a multiple of 16 lanes; elsewhere ``n`` added to the exponent
 field where every lane's result is a normal float (two integer operations),
 and two power-of-two factors, so subnormal results round once, in a branch
 taken only by vectors with a lane out of that range.  log (Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in
@@ -46,7 +46,7 @@ class _Ops:
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
         self.n = like.type.count if isinstance(like.type, ir.VectorType) else None
-        self.scalef = fe.target.scale_intrinsic if self.n in (16, 32) else None   # vscalefps, 16 lanes
+        self.scalef = fe.target.scale_intrinsic if self.n and self.n % 16 == 0 else None   # vscalefps, 16 lanes at a time
 
     def t(self, scalar):
         return scalar if self.n is None else ir.VectorType(scalar, self.n)
@@ -114,7 +114,7 @@ def _exp_reduce(o, x):
 
 def _ldexp(o, p, n):
     """``p 2^n`` rounded once (``n`` an integral float in [-150, 128]):
-    vscalefps on AVX-512 vectors of 16 or 32 lanes (16 at a time; NaN stays
+    vscalefps on AVX-512 vectors of a multiple of 16 lanes (16 at a time; NaN stays
     NaN), else two power-of-two factors (``n = NaN`` is poison there: callers
     select NaN lanes afterwards)."""
     if o.scalef:

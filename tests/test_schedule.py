@@ -370,25 +370,33 @@ def test_argmax_positions_are_int32_in_long_rows(rows, cols, window):
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
-def test_math_stages_run_two_dependency_chains_per_step(target):
+def test_math_stages_run_dependency_chains_side_by_side(target):
     """A stage applying exp takes ``MATH_CHAINS`` vectors per step: LLVM
     splits each operation into registers whose instructions alternate, so
-    the chains of two vectors overlap.  A stage without such a function
-    keeps one vector.  On AVX-512 each half of a 32-lane exp still scales
-    with one vscalefps."""
+    the chains of the vectors overlap.  A value passing through two such
+    functions in turn (tanh of a sigmoid) is a chain twice as long: the
+    square of ``MATH_CHAINS``.  A stage without such a function keeps one
+    vector.  On AVX-512 every 16 lanes of a wide exp or sigmoid still scale
+    with one vscalefps.  Values match numpy on this machine."""
     from lowering.schedule.blocking import MATH_CHAINS
     x = te.placeholder((1000,), "float32", "x")
     y = te.compute((1000,), lambda i: te.exp(x[i]) * 2.0, name="y")
+    w = te.compute((1000,), lambda i: te.tanh(te.sigmoid(x[i]) * te.exp(-x[i] * x[i])), name="w")
     z = te.compute((1000,), lambda i: x[i] * 2.0, name="z")
     lanes = te.target(target).lanes(4)
+    data = RNG.standard_normal(1000).astype(np.float32)
     widths = {}
-    for out in (y, z):
+    for out in (y, w, z):
         kernel = te.build([x], [out], target=target)
         widths[out.name] = {s.lanes for s in walk(stage(kernel, out.name).body) if isinstance(s, Simd)}
-        if target == "skylake-avx512" and out is y:
-            assert "<32 x float> @llvm.x86" not in kernel.llvm_ir
+        if target == "skylake-avx512" and out is not z:
+            assert f"<{MATH_CHAINS * 16} x float> @llvm.x86" not in kernel.llvm_ir
             assert "<16 x float> @llvm.x86.avx512.mask.scalef.ps.512" in kernel.llvm_ir
-    assert widths == {"y": {MATH_CHAINS * lanes}, "z": {lanes}}
+        if kernel.target.missing_on_host() is None and out is w:
+            x64 = data.astype(np.float64)
+            want = np.tanh(np.exp(-x64 * x64) / (1 + np.exp(-x64)))
+            np.testing.assert_allclose(kernel(data), want, rtol=2e-6, atol=1e-7)
+    assert widths == {"y": {MATH_CHAINS * lanes}, "w": {MATH_CHAINS ** 2 * lanes}, "z": {lanes}}
 
 
 def test_a_scan_step_applying_math_keeps_one_vector_per_step():

@@ -15,7 +15,7 @@ from te_autodiff.expr import Const, Unary, Var
 from te_autodiff.visit import topo_order
 
 from ..fast_math import FAST_MATH, FAST_MATH_F64
-from ..loop_ir import Alloc, Assign, Block, For, free_leaves, stmt_exprs, stride, walk
+from ..loop_ir import Alloc, Assign, Block, For, children, free_leaves, stmt_exprs, stride, walk
 from .blocking import PACK_MAX_BYTES, Blocking
 from .nest import Nest, accesses_of, accumulation, innermost_reduction
 from .packing import transposed_copies
@@ -105,23 +105,41 @@ def _crowding(step: int, lanes: int, line: int, sets: int) -> int:
 def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
     """The lanes of one step of a vector loop of ``extent`` iterations over
     ``body``: ``bl.math_chains`` vectors when ``body`` applies a function of
-    ``fast_math.py`` and the loop holds that many, else one.
+    ``fast_math.py``, its square when a value passes through two of them in
+    turn (:func:`math_depth`), and one otherwise (or when the loop is
+    shorter than that).
 
     Such a function is a chain of ~25 dependent instructions; a body applying
     three of them is ~180 instructions per vector, so the out-of-order window
     holds about one iteration and the chains' latency, not the arithmetic,
-    sets the time.  LLVM splits a vector twice the register width into two
-    registers whose instructions alternate: two chains advance side by side.
+    sets the time.  LLVM splits a vector wider than a register into
+    registers whose instructions alternate: the chains advance side by side.
     On the AMD EPYC (Zen 3) the elementwise benchmark kernel ran 1.66 -> 1.23 ms
     with AVX2 (3.42 -> 2.57 ms on one thread) and 5.06 -> 4.05 ms built for
-    SSE (x86-64-v2); the softmax cross-entropy, whose exp share is smaller,
-    1-3%.  Three vectors per step gained nothing more.  A scan's step
-    stages keep one vector: their slices are small, and the LSTM benchmark
-    kernel built 0.25 s slower for 2% less run time."""
+    SSE (x86-64-v2) with two vectors; the softmax cross-entropy, whose exp
+    share is smaller, 1-3%.  Its tanh of a sigmoid is a chain twice as long:
+    on the AMD EPYC Zen 4, four vectors took 0.95 -> 0.75 ms built for AVX2,
+    0.58 -> 0.49 with AVX-512 and 2.63 -> 2.38 for SSE, where the softmax's
+    single exp ran 7% slower with four (AVX2).  A scan's step stages keep
+    one vector: their slices are small, and the LSTM benchmark kernel built
+    0.25 s slower for 2% less run time."""
+    chained = lanes * bl.math_chains ** min(math_depth(body), 2)
+    return chained if extent >= chained else lanes
+
+
+def math_depth(body) -> int:
+    """The most functions of ``fast_math.py`` one value of ``body`` passes
+    through in turn (a local carries the depth of what it was given)."""
     math = set(FAST_MATH) | set(FAST_MATH_F64)
-    applies = any(isinstance(e, Unary) and e.op in math for x in walk(body) for e in topo_order(stmt_exprs(x)))
-    chained = lanes * bl.math_chains
-    return chained if applies and extent >= chained else lanes
+    depth = {}
+    for x in walk(body):
+        for e in topo_order(stmt_exprs(x), children):
+            if e not in depth:
+                depth[e] = max((depth[k] for k in children(e)), default=0) + \
+                    (isinstance(e, Unary) and e.op in math)
+        if isinstance(x, (Alloc, Assign)) and stmt_exprs(x):
+            depth[x.local] = depth[stmt_exprs(x)[0]]
+    return max(depth.values(), default=0)
 
 
 def vector_cost(accesses, v, lanes, extent) -> float:
