@@ -703,8 +703,7 @@ class _FunctionEmitter(_Emitter):
         stmts = [x for x in walk(s.body) if not isinstance(x, Block)]
         return [e for e in topo_order(e for x in stmts for e in stmt_exprs(x))
                 if isinstance(e, BufLoad) and e.buffer not in self.written and e.buffer.dtype != "bool"
-                and lanes.base(e.index) is None and stride(e.index, s.var) == 1
-                and stride(e.index, lanes.var) not in (None, 0)
+                and stride(e.index, lanes.var) not in (None, 0, 1) and stride(e.index, s.var) == 1
                 and not any(isinstance(x, Local) for x in free_leaves(e.index))]
 
     def _transposed_for(self, s: For, lo, reads):
