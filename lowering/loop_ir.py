@@ -563,11 +563,13 @@ def _rebuild(e, kids):
     return rebuild(e, kids)
 
 
-def substituter(mapping: dict, load=None):
+def substituter(mapping: dict, load=None, rewrite=None):
     """A function ``e -> e`` with the variables or locals in ``mapping``
     replaced and, with ``load``, every buffer read ``x`` (its index already
-    rebuilt) made ``load(x)``; one memo across calls, so the sub-expressions
-    the statements of a stage share are visited once (iterative)."""
+    rebuilt) made ``load(x)``; with ``rewrite``, every other rebuilt
+    expression ``x`` made ``rewrite(x)``.  One memo across calls, so the
+    sub-expressions the statements of a stage share are visited once
+    (iterative)."""
     memo = dict(mapping)
 
     def go(e: Expr) -> Expr:
@@ -581,7 +583,10 @@ def substituter(mapping: dict, load=None):
                 new = [memo[k] for k in kids]
                 same = not isinstance(node, Select) and all(a is b for a, b in zip(new, kids))
                 new = node if same else _rebuild(node, new)     # (a select may fold)
-                memo[node] = load(new) if load is not None and isinstance(new, (BufLoad, GuardedLoad)) else new
+                if isinstance(new, (BufLoad, GuardedLoad)):
+                    memo[node] = new if load is None else load(new)
+                else:
+                    memo[node] = new if rewrite is None else rewrite(new)
             else:
                 stack.append((node, True))
                 stack += [(k, False) for k in kids if k not in memo]

@@ -2,11 +2,12 @@
 the inline math functions (lowering/fast_math.py) and the native runner."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import te_autodiff as te
 from lowering import runtime
 from lowering.codegen_llvm import stream_min_bytes
-from lowering.loop_ir import For, If, Simd, walk
+from lowering.loop_ir import For, If, Simd, expr_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
@@ -677,3 +678,82 @@ def test_a_reduction_shorter_than_a_vector_takes_narrower_lanes(target, lanes):
     got = te.build([X, H], [s], target="host")(x, h)
     terms = x.astype(np.float64) * h                # a float32 sum: judged against the size of its terms
     np.testing.assert_allclose(got, [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))
+
+
+def _residue_stages(kernel, name):
+    return [st for st in kernel.program.stages if st.name.startswith(f"{name}%")]
+
+
+@pytest.mark.parametrize("target", ["haswell", "skylake-avx512"])
+def test_a_strided_read_gradient_runs_one_stage_per_residue_class(target):
+    """``B[i, j] = A[3j + 1, i]``: zero elimination gives ``dA[r, c] =
+    H[c, (r - 1) // 3]`` where ``r % 3 == 1``, else 0.  The schedule runs
+    ``dA`` as three stages, ``r = 3w``, ``3w + 1`` and ``3w + 2``, none
+    testing the residue: two zero fills and a copy reading ``H[c, w]``.  The
+    rows of A (100) are not a multiple of 3, so the classes differ in
+    length (34, 33, 33).  The gradient matches numpy exactly, and the loss."""
+    A = te.placeholder((100, 40), "float32", "A")
+    B = te.compute((40, 33), lambda i, j: A[3 * j + 1, i], name="B")
+    H = te.placeholder((40, 33), "float32", "H")
+    i, j = te.reduce_axis(40, "i"), te.reduce_axis(33, "j")
+    loss = te.compute((1,), lambda _: te.sum(B[i, j] * H[i, j], axis=[i, j]), name="loss")
+    (dA,) = te.gradient(loss, [A])
+    kernel = te.build([A, H], [loss, dA], target=target)
+    parts = _residue_stages(kernel, "dA")
+    assert [st.name for st in parts] == ["dA%3=0", "dA%3=1", "dA%3=2"]
+    assert not any(isinstance(s, If) and "% 3 ==" in expr_text(s.cond) for st in parts for s in walk(st.body))
+    run = kernel if kernel.target.missing_on_host() is None else te.build([A, H], [loss, dA], target="host")
+    a, h = RNG.standard_normal((100, 40)).astype(np.float32), RNG.standard_normal((40, 33)).astype(np.float32)
+    got_loss, got = run(a, h)
+    want = np.zeros_like(a)
+    want[1::3][:33] = h.T
+    np.testing.assert_array_equal(got, want)
+    terms = a[1::3][:33].T.astype(np.float64) * h
+    np.testing.assert_allclose(got_loss, [terms.sum()], rtol=1e-5, atol=1e-5 * np.abs(terms).sum())
+
+
+def test_residue_classes_only_where_one_outer_loop_decides_the_test():
+    """The rule leaves a stage alone when the test is on the innermost output
+    loop (the classes would store with a stride: ``y[r] = x[(r - 1) // 2]``
+    for odd ``r``), when another loop's term is not a multiple of ``m``
+    (``(r + c) % 2``), or when ``m`` is above ``MAX_RESIDUES``; all of them
+    still compute numpy's values."""
+    from lowering.schedule.residues import MAX_RESIDUES
+    x = te.placeholder((64,), "float32", "x")
+    X = te.placeholder((64, 48), "float32", "X")
+    m = MAX_RESIDUES + 1
+    cases = {
+        "y": (te.compute((64,), lambda r: te.if_then_else(te.equal((r - 1) % 2, 0), x[(r - 1) // 2], 0.0), name="y"),
+              lambda a: np.where(np.arange(64) % 2 == 1, a[np.maximum(np.arange(64) - 1, 0) // 2], 0)),
+        "Y": (te.compute((64, 48), lambda r, c: te.if_then_else(te.equal((r + c) % 2, 0), X[r, c], 0.0), name="Y"),
+              lambda a: np.where((np.arange(64)[:, None] + np.arange(48)) % 2 == 0, a, 0)),
+        "Z": (te.compute((64, 48), lambda r, c: te.if_then_else(te.equal(r % m, 0), X[r, c], 0.0), name="Z"),
+              lambda a: np.where(np.arange(64)[:, None] % m == 0, a, 0)),
+    }
+    for name, (T, numpy) in cases.items():
+        inp = x if name == "y" else X
+        kernel = te.build([inp], [T])
+        assert not _residue_stages(kernel, name)
+        a = RNG.standard_normal(inp.shape).astype(np.float32)
+        np.testing.assert_array_equal(kernel(a), numpy(a).astype(np.float32))
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(2, 4), offset=st.integers(-3, 3), rows=st.integers(2, 40), cols=st.integers(1, 20),
+       scale=st.sampled_from([1, 2]))
+def test_residue_classes_compute_the_same_values_as_one_stage(m, offset, rows, cols, scale):
+    """For any modulus, offset and shape, a stage split by residue classes of
+    its rows stores what numpy computes: ``Y[r, c] = X[(s r + k) // m, c]``
+    where ``(s r + k) % m == 0`` (s coprime to m), else ``X[r, c] + 1``;
+    bit for bit, with the stage split whenever there are at least m rows."""
+    if np.gcd(scale, m) != 1:
+        scale = 1
+    X = te.placeholder((rows, cols), "float32", "X")
+    Y = te.compute((rows, cols), lambda r, c: te.if_then_else(
+        te.equal((scale * r + offset) % m, 0), X[((scale * r + offset) // m) % rows, c], X[r, c] + 1.0), name="Y")
+    kernel = te.build([X], [Y])
+    assert len(_residue_stages(kernel, "Y")) == (m if rows >= m else 0)
+    a = RNG.standard_normal((rows, cols)).astype(np.float32)
+    r = np.arange(rows)[:, None]
+    want = np.where((scale * r + offset) % m == 0, a[((scale * r[:, 0] + offset) // m) % rows], a + np.float32(1))
+    np.testing.assert_array_equal(kernel(a), want)

@@ -20,6 +20,11 @@ every run and every thread count gives the same bits.
 
 Rules, in the order they are tried for a stage (:func:`schedule_stage`):
 
+0. **Residue classes** (``residues.py``).  A test ``(a v + c) % m == 0``
+   that an output loop ``v`` (not the innermost) decides alone, as zero
+   elimination leaves on the gradient of a strided read, splits the stage
+   into one stage per residue class ``v = m w + rho``, each scheduled
+   without the test (zero fills, and reads whose ``// m`` is exact).
 1. **Split reductions to one element** (``split_reduction.py``).  A stage
    storing one value reduced over a large domain (a loss) would run on one
    thread: its outermost reduction loop is cut into a fixed number of parts
@@ -135,6 +140,7 @@ from .lane_reduction import dot_tiles, in_lanes, reduce_in_lanes
 from .nest import Nest, as_nest
 from .offsets import offset_loops
 from .packing import unrolled_partially
+from .residues import residue_plan, split_residues
 from .selects import if_to_select
 from .split_reduction import split_reduction, splits_reduction
 from .tile_loops import build_tiles
@@ -171,6 +177,10 @@ def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) ->
         return [stage]                   # written by hand, not as lowered, or scheduled already
     if stage.step is not None:
         bl = replace(bl, math_chains=1)
+    residues = residue_plan(nest)                                                # 0
+    if residues is not None:
+        return [s for part in split_residues(nest, stage, residues)
+                for s in schedule_stage(part, taken, new_buffers, bl)]
     split = split_reduction(nest, stage, taken, new_buffers, bl)               # 1
     if split is not None:
         return split
