@@ -6,6 +6,8 @@ its Jacobian is almost all zeros.  The textbook gradient sums head * J over
 the index equations over the integers and sums over the non-zero entries only.
 When an index is read from data (an embedding's word ids), the equation is
 solved at run time instead: an inverse index lists each value's matches.
+A strided read's gradient keeps a test on the parity of a row, which the
+schedule turns into one stage per residue class.
 
 Run it:  python tutorials/02_jacobians_and_zero_elimination.py
 """
@@ -176,3 +178,23 @@ assert np.allclose(got, numpy_step()[1], atol=1e-4)
 print(f"\nStep 7: bag forward + gradient, {B * L} ids into a {V} x {D} table")
 print(f"  te-autodiff {best_ms(lambda: kernel(e, ids, g)):7.3f} ms")
 print(f"  numpy       {best_ms(numpy_step):7.3f} ms   (np.add.at)")
+
+# Step 8 -- back to strides, on the reading side: B[i, j] = A[2j + 1, i]
+# reads every other row of A, transposed.  Zero elimination leaves one test
+# per element of dA, on the parity of its row: odd rows copy a column of the
+# head, even rows are zero.  The row alone decides that test, so the
+# schedule runs dA as one stage per residue class of the row (r = 2w and
+# r = 2w + 1): a zero fill, and a copy reading H[c, w] with no test left.
+A = te.placeholder((8, 3), "float32", name="A")
+Bt = te.compute((3, 4), lambda i, j: A[2 * j + 1, i], name="B")
+H = te.placeholder((3, 4), "float32", name="H")
+dA, = te.gradient(Bt, [A], head=H)
+print("\nStep 8: the gradient of a strided read")
+print(te.pretty(dA))
+kernel = te.build([A, H], [dA])
+print("  stages:", ", ".join(st.name for st in kernel.program.stages))
+h = rng.standard_normal((3, 4)).astype("float32")
+reference = np.zeros((8, 3), "float32")
+reference[1::2] = h.T
+assert np.array_equal(kernel(np.zeros((8, 3), "float32"), h), reference)
+print("  odd rows hold H transposed, even rows zero: matches numpy")
