@@ -11,6 +11,7 @@ from lowering.loop_ir import For, If, Simd, expr_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
+from lowering.schedule.residues import MAX_RESIDUES
 
 RNG = np.random.default_rng(2024)
 
@@ -718,7 +719,6 @@ def test_residue_classes_only_where_one_outer_loop_decides_the_test():
     for odd ``r``), when another loop's term is not a multiple of ``m``
     (``(r + c) % 2``), or when ``m`` is above ``MAX_RESIDUES``; all of them
     still compute numpy's values."""
-    from lowering.schedule.residues import MAX_RESIDUES
     x = te.placeholder((64,), "float32", "x")
     X = te.placeholder((64, 48), "float32", "X")
     m = MAX_RESIDUES + 1
