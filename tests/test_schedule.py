@@ -757,3 +757,20 @@ def test_residue_classes_compute_the_same_values_as_one_stage(m, offset, rows, c
     r = np.arange(rows)[:, None]
     want = np.where((scale * r + offset) % m == 0, a[((scale * r[:, 0] + offset) // m) % rows], a + np.float32(1))
     np.testing.assert_array_equal(kernel(a), want)
+
+
+def test_stages_of_one_template_split_by_residue_keep_their_own_names():
+    """Four computes that differ only in the slice they read, ``Y_t[r, c] =
+    X[t, c, (r - 1) // 2]`` on odd rows, are one template (``share.py``),
+    scheduled once: each instance gets the two residue stages under its own
+    name (``Y2%2=1``, not the template's) and stores numpy's values."""
+    X = te.placeholder((4, 16, 8), "float32", "X")
+    outs = [te.compute((16, 16), lambda r, c, t=t: te.if_then_else(
+        te.equal((r - 1) % 2, 0), X[t, c, (r - 1) // 2], 0.0), name=f"Y{t}") for t in range(4)]
+    kernel = te.build([X], outs)
+    assert [st.name for st in kernel.program.stages] == [f"Y{t}%2={rho}" for t in range(4) for rho in range(2)]
+    x = RNG.standard_normal((4, 16, 8)).astype(np.float32)
+    for t, got in enumerate(kernel(x)):
+        want = np.zeros((16, 16), np.float32)
+        want[1::2] = x[t].T
+        np.testing.assert_array_equal(got, want)

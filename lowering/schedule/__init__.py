@@ -128,6 +128,7 @@ instance gets the template's schedule over its own buffers and temporaries.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from .. import share
@@ -201,9 +202,9 @@ def _instances(template: Stage, members: list, taken: set, new_buffers: list, bl
         names = {canon.name: buf.name for canon, (buf, _) in zip(slots, member.slots)}
         names[template.name] = member.stage.name
 
-        def named(name):
-            head, dot, rest = name.partition(".")
-            return names.get(head, f"{member.stage.name}.{head}") + dot + rest
+        def named(name):                 # a stage or buffer name, then ".suffix" or "%m=rho"
+            head = re.split(r"[.%]", name, maxsplit=1)[0]
+            return names.get(head, f"{member.stage.name}.{head}") + name[len(head):]
 
         temps = {t: temporary(named(t.name), t.shape, t.dtype, taken, new_buffers) for t in made}
         out.append([replace(share.instance(d, member, slots, temps), name=named(d.name)) for d in derived])
