@@ -209,7 +209,7 @@ def _cmp(fe, e, a, b):
 def _sigmoid(fe, x):
     """``1 / (1 + e^-x)`` for x >= 0 and ``e^x / (1 + e^x)`` below (no overflow:
     tiny results keep their precision down to the subnormals).  float32: the
-    inline code of ``fast_math.py`` (no division)."""
+    inline code of ``fast_math.py``."""
     if _element(x.type) == VALUE_TYPE["float32"]:
         return fe.math("sigmoid", [x])
     one = ir.Constant(x.type, 1.0)

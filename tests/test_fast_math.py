@@ -16,9 +16,10 @@ def sigmoid64(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-# name: (te function, float64 reference, max ulp over the sweep)
+# name: (te function, float64 reference, max ulp over the sweep); sigmoid divides
+# (fast_math's doc: 2.4 ulp, where numpy's float32 1 / (1 + exp(-x)) reaches 2.97)
 FUNCTIONS = {"exp": (te.exp, np.exp, 1.0), "tanh": (te.tanh, np.tanh, 1.5),
-             "sigmoid": (te.sigmoid, sigmoid64, 2.0), "log": (te.log, np.log, 2.0),
+             "sigmoid": (te.sigmoid, sigmoid64, 2.5), "log": (te.log, np.log, 2.0),
              "log1p": (te.log1p, np.log1p, 3.0)}
 NO_FMA_LIMIT = {"exp": 1.1}      # separate roundings in exp's reduction (fast_math's doc)
 
