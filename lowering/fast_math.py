@@ -25,11 +25,11 @@ with FMA (x86-64-v3 and later, every AArch64): exp 0.90 ulp, tanh 1.17,
 sigmoid 2.40 (at x = -4.157: the rounding of ``e`` counts twice where the
 result falls a binade below it); log at most 2 and log1p 3 ulp over ±1e38.
 numpy's float32 ``1 / (1 + exp(-x))`` reaches 2.97 ulp and PyTorch's and JAX's
-sigmoid 2.3 on the same sweep, and all three lose the result below -88.7, where
+sigmoid 2.3 on the test's sweep where |x| < 80, and all three lose the result below -88.7, where
 ``exp(-x)`` overflows.  One division costs less than the ten instructions of
 a division-free form (a polynomial for ``1 / (1 + e)`` refined by a Newton step,
 1.41 ulp): with it the elementwise benchmark kernel runs 0.66 ms against 0.78
-with AVX2 and 0.43 against 0.49 with AVX-512 (AMD EPYC Zen 4).  Without FMA
+built for AVX2 and 0.43 against 0.49 for AVX-512 (both on an AMD EPYC Zen 4).  Without FMA
 (SSE targets such as x86-64-v2) the reduction's products round separately: exp
 reaches 1.09 ulp.
 0, -0, ±inf, nan, subnormal and huge arguments follow C99/numpy.
@@ -149,11 +149,12 @@ def _ldexp_normal(o, p, t):
 
 
 def _exp(o, x, normal, clamp):
-    """``e^x`` for ``x = clamp(x)`` wherever ``normal()`` holds, where ``e^x`` is a
-    normal float.  Vectors without vscalefps whose lanes all satisfy ``normal``
-    skip the clamp and scale by :func:`_ldexp_normal`; the others (a branch),
-    scalars and vscalefps clamp and scale by :func:`_ldexp`, NaN passing
-    through.  Both give the same bits where ``normal`` holds."""
+    """``e^x``, ``x`` clamped by ``clamp`` where that leaves the result unchanged.
+    Vectors without vscalefps whose lanes all satisfy ``normal()`` (``e^x`` a
+    normal float) skip the clamp and scale by :func:`_ldexp_normal`; other
+    vectors (a branch), scalars and vscalefps clamp and scale by
+    :func:`_ldexp`, NaN passing through.  Both give the same bits where
+    ``normal()`` holds."""
     def scaled():
         _, n, r, h = _exp_reduce(o, clamp(x))
         return _nan_through(o, x, _ldexp(o, o.add(o.mul(r, h), o.f(1.0)), n))
@@ -229,7 +230,8 @@ def tanh_f32(fe, x):
     """An odd polynomial in ``x`` below ``|x| = 0.625``; above, ``1 - 2e / (1 + e)``
     with ``e = e^{-2|x|}`` in (0, e^-1.25] and ``-2 / (1 + e)`` a polynomial in
     ``e`` (no division).  Both take the sign bit of ``x`` (one ``or``: the
-    polynomial has it already except at -0, ``-0 + -0 * (-0 P) = +0``).  ``|x|``
+    polynomial ``x + x (z P(z))`` has it already except at x = -0, where
+    ``z P(z) = -0`` and the sum rounds to +0).  ``|x|``
     is clamped at 9.1, where tanh rounds to 1.  A vector whose lanes are all
     below 0.625 skips the second formula (a branch)."""
     o = _Ops(fe, x)
