@@ -34,7 +34,8 @@ Stages inside a scan's time loop (``Stage.step``) take part in neither.
 
 Both keep the operations of every element and the order of every
 reduction (LLVM may still contract a multiply and an add differently in
-the new surroundings: a last-bit difference), and neither makes a stage
+the new surroundings: a last-bit difference), a value that the joined
+bodies both compute is computed once (:func:`_computed_once`), and neither makes a stage
 larger than ``STAGE_BUDGET`` expression nodes (the bound ``lower.py`` keeps
 to, so a long chain it cut into stages for compile time stays cut).
 """
@@ -43,7 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from te_autodiff.expr import Const, add
+from te_autodiff.expr import Const, Var, add
+from te_autodiff.visit import topo_order
 
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program,
                       Simd, Stage, Store, children, linear_form, map_stmt, rename, simplify_index, stmt_exprs,
@@ -163,10 +165,6 @@ def _replace(s, old, new):
     if isinstance(s, If):
         return If(s.cond, _replace(s.then, old, new), None if s.else_ is None else _replace(s.else_, old, new))
     return s
-
-
-def _prepend(loop: For, stmts: tuple) -> For:
-    return For(loop.var, loop.lo, loop.extent, Block(stmts + _stmts(loop.body)), loop.kind)
 
 
 def _append(loop: For, stmts: tuple) -> For:
@@ -292,12 +290,62 @@ class _Fuser:
 
 
 def _merge(first: _Shape, second: _Shape) -> Stage:
-    """``second``'s element body after ``first``'s, under ``first``'s loops."""
+    """``second``'s element body after ``first``'s, under ``first``'s loops,
+    the values both compute computed once (:func:`_computed_once`)."""
     moved = rename(second.body, dict(zip(second.vars, first.vars)))
     moved = _fresh(moved, _names(first.stage.body))
     last = first.reduction[-1] if first.reduction else first.loops[-1]
-    body = _replace(first.stage.body, last, _append(last, _stmts(moved)))
+    stmts = _computed_once(_stmts(last.body) + _stmts(moved), _names(first.stage.body) | _names(moved))
+    body = _replace(first.stage.body, last, For(last.var, last.lo, last.extent, Block(stmts), last.kind))
     return Stage(f"{first.stage.name}+{second.stage.name}", first.stage.buffer, body)
+
+
+def _computed_once(stmts: tuple, taken: set) -> tuple:
+    """Straight-line ``stmts`` with each non-trivial value that several of
+    them compute (the ``sigmoid(x)`` inside a fused loss's ``y`` and in the
+    gradient's ``s·(1 - s)``) bound to a let-bound local before the first of
+    them, which the others read.  Each element gets the same operations in
+    the same order, once: LLVM merges the copies of a fast-math function
+    (branches around a slow path) into code that spills more.  A value is
+    shared only when nothing it reads changes in between (no load of a
+    buffer ``stmts`` store to, no local they assign), and only where more
+    than one expression uses it (``exp(-x·x)``, not also ``x·x``)."""
+    if not all(isinstance(x, (Alloc, Assign, Store)) for x in stmts):
+        return stmts
+    stored = {x.buffer for x in stmts if isinstance(x, Store)}
+    mutable = {x.local for x in stmts if isinstance(x, Assign) or isinstance(x, Alloc) and not x.let}
+    users, owners = {}, {}                  # node -> statements computing it; -> distinct users
+    for k, x in enumerate(stmts):
+        for e in topo_order(stmt_exprs(x), children):
+            users.setdefault(e, set()).add(k)
+            for c in children(e):
+                owners.setdefault(c, set()).add(e)
+        for e in stmt_exprs(x):
+            owners.setdefault(e, set()).add(k)
+    order = topo_order([e for x in stmts for e in stmt_exprs(x)], children)
+    shared = [e for e in order if len(users[e]) > 1 and len(owners[e]) > 1 and e.dtype.startswith("float")
+              and not isinstance(e, (Const, Var, Local, BufLoad, GuardedLoad))
+              and not any(isinstance(v, Local) and v in mutable
+                          or isinstance(v, (BufLoad, GuardedLoad)) and v.buffer in stored
+                          for v in topo_order([e], children))]
+    if not shared:
+        return stmts
+    named = {x.init: x for x in stmts if isinstance(x, Alloc) and x.let and x.init in users}
+    lets, k = {}, 0
+    for e in shared:                        # children first: a let reads the lets inside it
+        while e not in named and f"t{k}" in taken:
+            k += 1
+        local = named[e].local if e in named else Local(f"t{k}", e.dtype)   # a let of it moves up
+        taken = taken | {local.name}
+        lets[e] = (local, substitute(e, {c: lets[c][0] for c in lets}))
+    moved = {named[e] for e in shared if e in named}
+    read = {c: local for c, (local, _) in lets.items()}
+    out = []
+    for i, x in enumerate(stmts):
+        out += [Alloc(*lets[e], True) for e in shared if min(users[e]) == i]
+        if x not in moved:
+            out.append(map_stmt(x, lambda v: substitute(v, read)))
+    return tuple(out)
 
 
 def _enclosing(body, target) -> list:
@@ -371,7 +419,9 @@ def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) 
                     mapping)
     code = _fresh(code, _names(reader.body))
     local = code.stmts[-1].local
-    body = _replace(reader.body, loop, _prepend(loop, code.stmts))
+    inside = map_stmt(loop.body, lambda e: substitute(e, {load: local}))
+    stmts = _computed_once(code.stmts + _stmts(inside), _names(reader.body) | _names(code))
+    body = _replace(reader.body, loop, For(loop.var, loop.lo, loop.extent, Block(stmts), loop.kind))
     body = map_stmt(body, lambda e: substitute(e, {load: local}))
     return Stage(reader.name, reader.buffer, body)
 

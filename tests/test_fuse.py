@@ -7,9 +7,12 @@ import pytest
 
 import te_autodiff as te
 from lowering import runtime
+from lowering.fuse import _computed_once
+from lowering.loop_ir import Alloc, Assign, Buffer, BufLoad, Local, Store, stmt_text
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import SPLIT_MIN_WORK
+from te_autodiff.expr import const
 
 RNG = np.random.default_rng(11)
 
@@ -139,3 +142,33 @@ def test_a_reduction_is_not_computed_inside_another_reduction():
     fused, got, want = both([A], [Q], [RNG.standard_normal((64, 64)).astype(np.float32)])
     assert temps(fused) == ["P"]
     assert_same(got, want)
+
+
+def test_a_value_the_fused_statements_share_is_computed_once():
+    """Fused, the loss's ``y = tanh(sigmoid(x)·exp(-x²))`` and the gradient's
+    ``s·(1 - s)`` and ``e`` are computed from one ``sigmoid`` and one ``exp``:
+    let-bound before their first use, read by the rest."""
+    n = 2 * SPLIT_MIN_WORK
+    x, H, loss, dx = elementwise_loss(n)
+    xs, hs = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    fused, got, want = both([x, H], [loss, dx], [xs, hs])
+    text = stmt_text(fused.stages[0].body)
+    assert text.count("sigmoid(") == 1 and text.count("exp(") == 1, text
+    assert text.index("= sigmoid(") < text.index("let y = tanh(")
+    assert_same(got, want)
+
+
+def test_a_value_whose_inputs_change_between_statements_is_not_shared():
+    acc, out = Local("acc", "float32"), Buffer("out", (2,), "float32", "output")
+    inp = Buffer("inp", (2,), "float32", "input")
+    i0, i1 = const(0, "int64"), const(1, "int64")
+    x0 = BufLoad(inp, i0)
+    grows = [Assign(acc, te.exp(acc) * x0), Store(out, i0, te.exp(acc)), Assign(acc, acc + 1.0),
+             Store(out, i1, te.exp(acc))]
+    assert _computed_once(tuple(grows), {"acc"}) == tuple(grows)          # acc is assigned
+    read = [Store(out, i0, te.exp(BufLoad(out, i1))), Store(out, i1, te.exp(BufLoad(out, i1)))]
+    assert _computed_once(tuple(read), set()) == tuple(read)              # out is stored to
+    pure = [Store(out, i0, te.exp(x0) * 2.0), Store(out, i1, te.exp(x0) + 1.0)]
+    shared = _computed_once(tuple(pure), set())
+    assert isinstance(shared[0], Alloc) and shared[0].let and shared[0].init is te.exp(x0)
+    assert [s.value for s in shared[1:]] == [shared[0].local * 2.0, shared[0].local + 1.0]
