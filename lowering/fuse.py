@@ -167,8 +167,8 @@ def _replace(s, old, new):
     return s
 
 
-def _append(loop: For, stmts: tuple) -> For:
-    return For(loop.var, loop.lo, loop.extent, Block(_stmts(loop.body) + stmts), loop.kind)
+def _with_body(loop: For, stmts: tuple) -> For:
+    return For(loop.var, loop.lo, loop.extent, Block(stmts), loop.kind)
 
 
 def _fresh(body, taken: set):
@@ -296,7 +296,7 @@ def _merge(first: _Shape, second: _Shape) -> Stage:
     moved = _fresh(moved, _names(first.stage.body))
     last = first.reduction[-1] if first.reduction else first.loops[-1]
     stmts = _computed_once(_stmts(last.body) + _stmts(moved), _names(first.stage.body) | _names(moved))
-    body = _replace(first.stage.body, last, For(last.var, last.lo, last.extent, Block(stmts), last.kind))
+    body = _replace(first.stage.body, last, _with_body(last, stmts))
     return Stage(f"{first.stage.name}+{second.stage.name}", first.stage.buffer, body)
 
 
@@ -421,7 +421,7 @@ def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) 
     local = code.stmts[-1].local
     inside = map_stmt(loop.body, lambda e: substitute(e, {load: local}))
     stmts = _computed_once(code.stmts + _stmts(inside), _names(reader.body) | _names(code))
-    body = _replace(reader.body, loop, For(loop.var, loop.lo, loop.extent, Block(stmts), loop.kind))
+    body = _replace(reader.body, loop, _with_body(loop, stmts))
     body = map_stmt(body, lambda e: substitute(e, {load: local}))
     return Stage(reader.name, reader.buffer, body)
 
