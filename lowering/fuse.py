@@ -421,9 +421,7 @@ def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) 
     local = code.stmts[-1].local
     inside = map_stmt(loop.body, lambda e: substitute(e, {load: local}))
     stmts = _computed_once(code.stmts + _stmts(inside), _names(reader.body) | _names(code))
-    body = _replace(reader.body, loop, _with_body(loop, stmts))
-    body = map_stmt(body, lambda e: substitute(e, {load: local}))
-    return Stage(reader.name, reader.buffer, body)
+    return Stage(reader.name, reader.buffer, _replace(reader.body, loop, _with_body(loop, stmts)))
 
 
 def fuse(program: Program, splits=lambda extents: True) -> Program:

@@ -222,7 +222,8 @@ def factored_sum(a, b):
         return a + b
     ka, fa = _factors(a)
     kb, fb = _factors(b)
-    common = Counter(fa) & Counter(fb)
+    ca, cb = Counter(fa), Counter(fb)
+    common = ca & cb
     if not common:
         return a + b
     shared, left = [], Counter(common)
@@ -230,8 +231,8 @@ def factored_sum(a, b):
         if left[f]:
             left[f] -= 1
             shared.append(f)
-    rest_a = _product(ka, list((Counter(fa) - common).elements()), a.dtype)
-    rest_b = _product(kb, list((Counter(fb) - common).elements()), a.dtype)
+    rest_a = _product(ka, list((ca - common).elements()), a.dtype)
+    rest_b = _product(kb, list((cb - common).elements()), a.dtype)
     out = _product(1, shared, a.dtype) * (rest_a + rest_b)
     factors = set(fa) | set(fb)
     return out if _operations([out], factors) <= _operations([a, b], factors) + 1 else a + b
