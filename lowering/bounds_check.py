@@ -122,6 +122,18 @@ def _conditions(cond, truth: bool) -> list:
     return out
 
 
+def _compares_integers(cond) -> bool:
+    """Whether the ``and``/``or``/``not`` tree of ``cond`` holds a comparison of integers."""
+    stack = [cond]
+    while stack:
+        c = stack.pop()
+        if isinstance(c, Logic):
+            stack += [c.a] if c.b is None else [c.a, c.b]
+        elif isinstance(c, Cmp) and dt.is_int(c.a.dtype):
+            return True
+    return False
+
+
 class Scope:
     """Loop variables with their domains (outermost first) and the guards
     known to hold at one point of a tensor's body."""
@@ -144,6 +156,11 @@ class Scope:
         return self._children[key]
 
     def guarded(self, cond, truth: bool) -> "Scope":
+        """This scope where ``cond == truth``: itself when ``cond`` compares no
+        integers (a test of float data says nothing about an index, and a
+        body of nested such selects would otherwise have a scope per path)."""
+        if not _compares_integers(cond):
+            return self
         key = ("guard", cond, truth)
         if key not in self._children:
             self._children[key] = Scope(self.doms, self.guards + tuple(_conditions(cond, truth)),

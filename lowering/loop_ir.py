@@ -19,7 +19,7 @@ from math import prod
 import numpy as np
 
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
-from te_autodiff.visit import children as te_children
+from te_autodiff.visit import children as te_children, trampoline
 
 LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled", "partial", "transpose")
 BUFFER_KINDS = ("input", "output", "temp")
@@ -438,7 +438,14 @@ class _Printer:
         return name
 
     def expr(self, e, prec: int = 0) -> str:
-        text, own = _FORMAT[type(e)](self, e)
+        return trampoline(self._expr, e, prec)
+
+    def _expr(self, e, prec: int):
+        """The text of ``e`` in a context of precedence ``prec`` (a generator for
+        :func:`trampoline`: each format yields ``(child, prec)`` for the text
+        of a child, so deep expressions print without recursion)."""
+        out = _FORMAT[type(e)](self, e)
+        text, own = out if isinstance(out, tuple) else (yield from out)    # a leaf: (text, own)
         return f"({text})" if own < prec else text
 
     def const(self, e):
@@ -453,19 +460,40 @@ class _Printer:
     def binop(self, e):
         if e.op in _INFIX:
             sym, p = _INFIX[e.op]
-            return f"{self.expr(e.a, p)} {sym} {self.expr(e.b, p + 1)}", p
-        return f"{e.op}({self.expr(e.a)}, {self.expr(e.b)})", 3
+            a = yield e.a, p
+            b = yield e.b, p + 1
+            return f"{a} {sym} {b}", p
+        a = yield e.a, 0
+        b = yield e.b, 0
+        return f"{e.op}({a}, {b})", 3
 
     def logic(self, e):
         if e.op == "not":
-            return f"not {self.expr(e.a, 3)}", 0
+            a = yield e.a, 3
+            return f"not {a}", 0
         side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
-        return f"{self.expr(e.a, side[0])} {e.op} {self.expr(e.b, side[1])}", -1
+        a = yield e.a, side[0]
+        b = yield e.b, side[1]
+        return f"{a} {e.op} {b}", -1
 
     def unary(self, e):
         if e.op == "neg":
-            return f"-{self.expr(e.a, 3)}", 2
-        return f"{e.op}({self.expr(e.a)})", 3
+            a = yield e.a, 3
+            return f"-{a}", 2
+        a = yield e.a, 0
+        return f"{e.op}({a})", 3
+
+    def cmp(self, e):
+        a = yield e.a, 1
+        b = yield e.b, 1
+        return f"{a} {_CMP[e.op]} {b}", 0
+
+    def call(self, head, *args):
+        """``head(args...)``, the arguments ``(child, prec)`` pairs."""
+        texts = []
+        for child, p in args:
+            texts.append((yield child, p))
+        return f"{head}({', '.join(texts)})", 3
 
     def stmt(self, s, depth: int) -> list:
         return _STMT_TEXT[type(s)](self, s, "  " * depth, depth)
@@ -502,21 +530,34 @@ class _Printer:
         return "\n".join(lines)
 
 
+def _guarded_load(p, e):
+    access = p.access(e.buffer, e.index)
+    cond = yield e.cond, 0
+    return f"{access} if {cond} else 0", -2
+
+
+def _load(p, e):
+    indices = []
+    for i in e.indices:
+        indices.append((yield i, 0))
+    return f"{e.tensor.name}[{', '.join(indices)}]", 3
+
+
 _FORMAT = {
     Const: _Printer.const,
     Var: lambda p, e: (p.var(e), 3),
     BinOp: _Printer.binop,
-    Cmp: lambda p, e: (f"{p.expr(e.a, 1)} {_CMP[e.op]} {p.expr(e.b, 1)}", 0),
+    Cmp: _Printer.cmp,
     Logic: _Printer.logic,
     Unary: _Printer.unary,
-    Cast: lambda p, e: (f"{e.to}({p.expr(e.a)})", 3),
-    Select: lambda p, e: (f"select({p.expr(e.cond)}, {p.expr(e.a)}, {p.expr(e.b)})", 3),
+    Cast: lambda p, e: p.call(e.to, (e.a, 0)),
+    Select: lambda p, e: p.call("select", (e.cond, 0), (e.a, 0), (e.b, 0)),
     BufLoad: lambda p, e: (p.access(e.buffer, e.index), 3),
-    LaneReduce: lambda p, e: (f"{e.op}_lanes({p.expr(e.value)})", 3),
-    GuardedLoad: lambda p, e: (f"{p.access(e.buffer, e.index)} if {p.expr(e.cond, 0)} else 0", -2),
+    LaneReduce: lambda p, e: p.call(f"{e.op}_lanes", (e.value, 0)),
+    GuardedLoad: _guarded_load,
     Local: lambda p, e: (p.local(e), 3),
-    Load: lambda p, e: (f"{e.tensor.name}[{', '.join(p.expr(i) for i in e.indices)}]", 3),
-    Reduce: lambda p, e: (f"{e.op}[{', '.join(p.var(a) for a in e.axes)}]({p.expr(e.body)})", 3),
+    Load: _load,
+    Reduce: lambda p, e: p.call(f"{e.op}[{', '.join(p.var(a) for a in e.axes)}]", (e.body, 0)),
 }
 
 

@@ -19,7 +19,7 @@ import weakref
 
 from .expr import Reduce, Select, all_, const, identity_of, logic_not, select, var
 from .tensor import Tensor
-from .visit import children, conjuncts, free_vars, rebuild, substitute
+from .visit import children, conjuncts, free_vars, rebuild, substitute, topo_order, trampoline
 
 _LIFTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _SELF = object()                # the value of a tensor that is its own normal form
@@ -49,38 +49,45 @@ class _Lifter:
         self.t = t
         self.memo = {}
         self.count = 0
+        # the nodes with a reduction below them: the others stay as they are
+        # (the walk would otherwise visit a body of nested selects once per path)
+        self.reducing = set()
+        for node in topo_order([t.body]):
+            if isinstance(node, Reduce) or any(c in self.reducing for c in children(node)):
+                self.reducing.add(node)
 
     def run(self) -> Tensor:
-        body = self.t.body
-        if isinstance(body, Reduce):
-            new_body = self._inside_reduce(body, ())
-        else:
-            new_body = self.walk(body, ())
-        if new_body is body:
+        new_body = trampoline(self._walk, self.t.body, (), True)
+        if new_body is self.t.body:
             return self.t
         return Tensor(self.t.name, self.t.shape, self.t.dtype, self.t.axes, new_body)
 
-    def _inside_reduce(self, r: Reduce, guards) -> Reduce:
-        """``r`` kept in place, with reductions inside its body lifted."""
-        inner = guards + tuple(_in_dom(ax, dom) for ax, dom in zip(r.axes, r.doms))
-        body = self.walk(r.body, inner)
-        return rebuild(r, [x for dom in r.doms for x in dom] + [body])
-
-    def walk(self, e, guards):
-        """``e`` with every reduction in it replaced by a read of a lifted tensor."""
+    def _walk(self, e, guards, top=False):
+        """``e`` with every reduction in it replaced by a read of a lifted
+        tensor; a reduction at the ``top`` of the body stays, with those
+        inside its body lifted (a generator for :func:`trampoline`)."""
+        if e not in self.reducing:
+            return e
         key = (e, guards)
-        if key in self.memo:
+        if key in self.memo and not top:
             return self.memo[key]
         if isinstance(e, Reduce):
-            out = self.lift(self._inside_reduce(e, guards), guards)
+            inner = guards + tuple(_in_dom(ax, dom) for ax, dom in zip(e.axes, e.doms))
+            body = yield e.body, inner
+            out = rebuild(e, [x for dom in e.doms for x in dom] + [body])
+            if top:
+                return out
+            out = self.lift(out, guards)
         elif isinstance(e, Select):
-            cond = self.walk(e.cond, guards)
-            a = self.walk(e.a, guards + (cond,))
-            b = self.walk(e.b, guards + (logic_not(cond),))
+            cond = yield e.cond, guards
+            a = yield e.a, guards + (cond,)
+            b = yield e.b, guards + (logic_not(cond),)
             out = select(cond, a, b)
         else:
-            kids = children(e)
-            out = rebuild(e, [self.walk(c, guards) for c in kids]) if kids else e
+            kids = []
+            for c in children(e):
+                kids.append((yield c, guards))
+            out = rebuild(e, kids) if kids else e
         self.memo[key] = out
         return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import dtype as dt
 from .expr import (BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, MatchSum, Reduce, ScanState, Select,
                    Unary, Var)
-from .visit import children, topo_order
+from .visit import children, topo_order, trampoline
 
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
           "floordiv": ("//", 2), "mod": ("%", 2)}
@@ -48,9 +48,15 @@ class _Printer:
         return name
 
     def expr(self, e: Expr, prec: int = 0) -> str:
+        return trampoline(self._expr, e, prec)
+
+    def _expr(self, e: Expr, prec: int):
+        """The text of ``e`` in a context of precedence ``prec``: its let name,
+        or its formula, parenthesised when it binds less tightly (a generator
+        for :func:`trampoline`: deep expressions print without recursion)."""
         if e in self.names:
             return self.names[e]
-        text, own = self._format(e)
+        text, own = yield from self._format(e)
         if e in self.shared:
             name = f"t{len(self.lets)}"
             self.lets.append((name, text))
@@ -59,7 +65,8 @@ class _Printer:
         return f"({text})" if own < prec else text
 
     def _format(self, e: Expr):
-        """Text of ``e`` and its precedence (3 = atomic)."""
+        """Text of ``e`` and its precedence (3 = atomic); yields ``(child, prec)``
+        for the text of each child."""
         if isinstance(e, Const):
             if e.dtype == "bool":
                 return ("true" if e.value else "false"), 3
@@ -70,46 +77,70 @@ class _Printer:
         if isinstance(e, BinOp):
             if e.op in _INFIX:
                 sym, p = _INFIX[e.op]
-                return f"{self.expr(e.a, p)} {sym} {self.expr(e.b, p + 1)}", p
-            return f"{_FUNC[e.op]}({self.expr(e.a)}, {self.expr(e.b)})", 3
+                a = yield e.a, p
+                b = yield e.b, p + 1
+                return f"{a} {sym} {b}", p
+            a = yield e.a, 0
+            b = yield e.b, 0
+            return f"{_FUNC[e.op]}({a}, {b})", 3
         if isinstance(e, Cmp):
-            return f"{self.expr(e.a, 1)} {_CMP[e.op]} {self.expr(e.b, 1)}", 0
+            a = yield e.a, 1
+            b = yield e.b, 1
+            return f"{a} {_CMP[e.op]} {b}", 0
         if isinstance(e, Logic):
             if e.op == "not":
-                return f"not {self.expr(e.a, 3)}", 0
+                a = yield e.a, 3
+                return f"not {a}", 0
             side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
-            return f"{self.expr(e.a, side[0])} {e.op} {self.expr(e.b, side[1])}", -1
+            a = yield e.a, side[0]
+            b = yield e.b, side[1]
+            return f"{a} {e.op} {b}", -1
         if isinstance(e, Unary):
             if e.op == "neg":
-                return f"-{self.expr(e.a, 3)}", 2
-            return f"{e.op}({self.expr(e.a)})", 3
+                a = yield e.a, 3
+                return f"-{a}", 2
+            a = yield e.a, 0
+            return f"{e.op}({a})", 3
         if isinstance(e, Cast):
-            return f"{e.to}({self.expr(e.a)})", 3
+            a = yield e.a, 0
+            return f"{e.to}({a})", 3
         if isinstance(e, Select):
-            return f"select({self.expr(e.cond, -1)}, {self.expr(e.a)}, {self.expr(e.b)})", 3
+            cond = yield e.cond, -1
+            a = yield e.a, 0
+            b = yield e.b, 0
+            return f"select({cond}, {a}, {b})", 3
         if isinstance(e, Load):
-            return f"{e.tensor.name}[{', '.join(self.expr(i) for i in e.indices)}]", 3
+            indices = []
+            for i in e.indices:
+                indices.append((yield i, 0))
+            return f"{e.tensor.name}[{', '.join(indices)}]", 3
         if isinstance(e, Reduce):
             ranges = []
             for ax, (lo, ext) in zip(e.axes, e.doms):
                 if isinstance(lo, Const) and isinstance(ext, Const):
                     hi = str(lo.value + ext.value)
                 elif _is_inclusive(ext, lo):       # ext = (last - lo) + 1
-                    hi = "=" + self.expr(ext.a.a)
+                    hi = "=" + (yield ext.a.a, 0)
                 elif isinstance(ext, BinOp) and ext.op == "sub" and ext.b is lo:     # ext = end - lo
-                    hi = self.expr(ext.a)
+                    hi = yield ext.a, 0
                 else:
-                    hi = self.expr(lo + ext)
-                ranges.append(f"{self.var(ax)} in {self.expr(lo)}..{hi}")
-            return f"{e.op}[{', '.join(ranges)}]({self.expr(e.body)})", 3
+                    hi = yield lo + ext, 0
+                name = self.var(ax)
+                first = yield lo, 0
+                ranges.append(f"{name} in {first}..{hi}")
+            body = yield e.body, 0
+            return f"{e.op}[{', '.join(ranges)}]({body})", 3
         if isinstance(e, MatchSum):
             ranges = ", ".join(f"{self.var(ax)} in {lo}..{lo + n}" for ax, (lo, n) in zip(e.axes, e.doms))
-            value = self.expr(e.at + e.lo)
-            return f"sum[{ranges} where {self.expr(e.key, 1)} == {value}]({self.expr(e.value)})", 3
+            value = yield e.at + e.lo, 0
+            key = yield e.key, 1
+            summed = yield e.value, 0
+            return f"sum[{ranges} where {key} == {value}]({summed})", 3
         if isinstance(e, InverseIndex):
             ranges = ", ".join(f"{self.var(ax)} in {lo}..{lo + n}" for ax, (lo, n) in zip(e.axes, e.doms))
-            return (f"inverse_index[{ranges}]({self.expr(e.key)}, values {e.lo}..{e.lo + e.count})"
-                    f"[{self.expr(e.at)}]"), 3
+            key = yield e.key, 0
+            at = yield e.at, 0
+            return f"inverse_index[{ranges}]({key}, values {e.lo}..{e.lo + e.count})[{at}]", 3
         raise TypeError(f"cannot print {type(e).__name__}")
 
     def wrap(self, text: str) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import dtype as dt
 from .expr import Expr, Load, Reduce, ScanState, Var, as_expr, cast, const, identity_of, reduce, var
-from .visit import children, topo_order
+from .visit import children, topo_order, trampoline
 
 _NAMES = itertools.count()
 
@@ -181,33 +181,32 @@ def _check_axes(body: Expr, axes, name: str):
                     raise ValueError(f"te.compute '{name}': reduce axis '{ax.name}' is used by two "
                                      "reductions; create one te.reduce_axis per reduction")
                 owner[ax] = node
-    scope = set(axes)
-    _check_scope(body, scope, name, {})
+    trampoline(_check_scope, body, frozenset(axes), name, set())
 
 
-def _check_scope(e: Expr, scope: set, name: str, memo: dict):
-    key = (e, frozenset(scope))
-    if key in memo:
+def _check_scope(e: Expr, scope: frozenset, name: str, seen: set):
+    """Every variable in ``e`` is in ``scope`` (a generator for :func:`trampoline`)."""
+    if (e, scope) in seen:
         return
-    memo[key] = True
+    seen.add((e, scope))
     if isinstance(e, Var):
         if e not in scope:
             raise ValueError(f"te.compute '{name}': variable '{e.name}' is not in scope here: it is "
                              "an axis of another te.compute or a reduce axis used outside its reduction")
         return
     if isinstance(e, Reduce):
-        inner = set(scope)
+        inner = scope
         for ax, (lo, ext) in zip(e.axes, e.doms):   # a domain may use the axes before it
             if ax in inner:
                 raise ValueError(f"te.compute '{name}': the reduction runs over '{ax.name}', an axis of "
                                  "this tensor; reduce over a te.reduce_axis")
-            _check_scope(lo, inner, name, memo)
-            _check_scope(ext, inner, name, memo)
-            inner.add(ax)
-        _check_scope(e.body, inner, name, memo)
+            yield lo, inner, name, seen
+            yield ext, inner, name, seen
+            inner = inner | {ax}
+        yield e.body, inner, name, seen
         return
     for c in children(e):
-        _check_scope(c, scope, name, memo)
+        yield c, scope, name, seen
 
 
 def reduce_axis(dom, name="k") -> Var:

@@ -2,8 +2,10 @@
 
 Expressions are hash-consed DAGs, so every pass visits each distinct node
 once: :func:`topo_order` lists nodes children-first without recursion (deep
-programs do not hit Python's recursion limit), and :func:`rewrite` rebuilds a
-DAG bottom-up with a memo table keyed on node identity.
+programs do not hit Python's recursion limit), :func:`rewrite` rebuilds a
+DAG bottom-up with a memo table keyed on node identity, and
+:func:`trampoline` runs a recursive pass that carries a context down without
+recursion.
 """
 from __future__ import annotations
 
@@ -100,6 +102,25 @@ def topo_order(roots, kids=None) -> list:
             if id(c) not in seen:
                 stack.append((c, False))
     return out
+
+
+def trampoline(fn, *args):
+    """``fn(*args)`` for a recursive generator function ``fn``: where it would
+    call itself it yields the call's arguments (a tuple) and receives the
+    result; it returns its own.  The calls nest on a list instead of Python's
+    stack, so a pass whose context changes on the way down (a scope, guards)
+    handles expressions of any depth."""
+    stack, value = [fn(*args)], None
+    while stack:
+        try:
+            call = stack[-1].send(value)
+        except StopIteration as done:
+            stack.pop()
+            value = done.value
+            continue
+        stack.append(fn(*call))
+        value = None
+    return value
 
 
 def rewrite(roots, fn, memo=None):

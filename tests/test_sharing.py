@@ -75,6 +75,81 @@ def test_deep_dag_in_one_body_gradient_builds_fast_and_stays_small():
     assert kernel.loop_ir.count("sin(") <= 2 * LEVELS + 2
 
 
+def test_a_body_deeper_than_pythons_recursion_limit(monkeypatch):
+    """400 levels (expressions 1000 and more deep): checking the body,
+    differentiating it, printing it and building it need no recursion, and
+    the work of reverse mode's factored sums (the products they open) grows
+    linearly with the depth."""
+    import te_autodiff.derivative as derivative
+    opened = []
+    counted = derivative._opens
+    monkeypatch.setattr(derivative, "_opens", lambda f: opened.append(f) or counted(f))
+    work = {}
+    for levels in (200, 400):
+        X = te.placeholder((4,), "float64", "X")
+        Y = te.compute((4,), lambda i: deep_body(X[i], levels), name="Y")
+        opened.clear()
+        dX, = te.gradient(Y, [X])
+        work[levels] = len(opened)
+    assert work[400] < 2.2 * work[200], work
+    assert count_nodes([dX.body]) < 50 * 400
+    assert "let " in te.pretty(dX)
+    kernel = te.build([X], [Y, dX])
+    x = np.linspace(-2.0, 2.0, 4)
+    y, dx = kernel(x)
+    want_y, want_dx = np_deep(x, 400)
+    np.testing.assert_allclose(y, want_y, rtol=1e-9)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-8)
+
+
+def select_chain(v, w, levels):
+    """``v <- v·0.99 if v > 0.5 else v·1.01 + w``: each level tests the one below."""
+    for _ in range(levels):
+        v = te.if_then_else(v > 0.5, v * 0.99, v * 1.01 + w)
+    return v
+
+
+def np_select_chain(x, w, levels):
+    """The same in numpy with its derivatives in ``x`` and ``w`` (forward mode)."""
+    v, dx, dw = x.copy(), np.ones_like(x), np.zeros_like(x)
+    for _ in range(levels):
+        hi = v > 0.5
+        v, dx, dw = (np.where(hi, v * 0.99, v * 1.01 + w), np.where(hi, dx * 0.99, dx * 1.01),
+                     np.where(hi, dw * 0.99, dw * 1.01 + 1.0))
+    return v, dx, dw
+
+
+def test_nested_selects_are_visited_once_per_node_not_once_per_path(monkeypatch):
+    """A select's branches are checked and lifted under its condition; a
+    condition on float data says nothing about indices or reductions, so the
+    nodes below are visited once, not once per path through the selects
+    (eight levels took 52 s to build, twenty would not finish)."""
+    import lowering.bounds_check as bounds_check
+    import te_autodiff.lift as lift
+    calls = []
+    for module, name in ((bounds_check, "_check_load"), (lift._Lifter, "_walk")):
+        def counted(*args, _f=getattr(module, name), _name=name):
+            calls.append(_name)
+            assert len(calls) < 100_000, "the nested selects are visited once per path"
+            return _f(*args)
+        monkeypatch.setattr(module, name, counted)
+    levels, n = 40, 8
+    X, W = te.placeholder((n,), "float64", "X"), te.placeholder((n,), "float64", "W")
+    Y = te.compute((n,), lambda i: select_chain(X[i], W[i], levels), name="Y")
+    dX, dW = te.gradient(Y, [X, W])
+    y, dx, dw = te.build([X, W], [Y, dX, dW])(x := np.linspace(0.3, 0.7, n), w := np.full(n, 0.01))
+    want = np_select_chain(x, w, levels)
+    for got, ref in zip((y, dx, dw), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+def test_selects_nested_too_deeply_to_lower_are_a_clear_error():
+    X, W = te.placeholder((4,), "float64", "X"), te.placeholder((4,), "float64", "W")
+    Y = te.compute((4,), lambda i: select_chain(X[i], W[i], 500), name="Y")
+    with pytest.raises(ValueError, match="tensor 'Y' nests te.if_then_else"):
+        te.build([X, W], [Y])
+
+
 def test_deep_dag_lowers_in_well_under_a_second():
     X = te.placeholder((8,), "float64", "X")
     Y = te.compute((8,), lambda i: deep_body(X[i]), name="Y")
