@@ -18,7 +18,8 @@ from math import prod
 
 import numpy as np
 
-from te_autodiff.expr import BinOp, Cast, Cmp, Const, Expr, Load, Logic, Reduce, Select, Unary, Var
+from te_autodiff.expr import BinOp, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+from te_autodiff.pretty import OPERATOR_TEXT
 from te_autodiff.visit import children as te_children, trampoline
 
 LOOP_KINDS = ("serial", "parallel", "vectorize", "rolled", "partial", "transpose")
@@ -391,11 +392,6 @@ def rename(s, mapping: dict):
 
 # ------------------------------------------------------------------- printing
 
-_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
-          "floordiv": ("//", 2), "mod": ("%", 2)}
-_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-
-
 class _Printer:
     """Indented text; every distinct variable gets a distinct name.  With
     ``slots`` (``{buffer: (name, offset)}``) buffers print as those names,
@@ -457,37 +453,6 @@ class _Printer:
             text += ":" + e.dtype
         return (f"({text})" if e.dtype != "bool" and e.value < 0 else text), 3
 
-    def binop(self, e):
-        if e.op in _INFIX:
-            sym, p = _INFIX[e.op]
-            a = yield e.a, p
-            b = yield e.b, p + 1
-            return f"{a} {sym} {b}", p
-        a = yield e.a, 0
-        b = yield e.b, 0
-        return f"{e.op}({a}, {b})", 3
-
-    def logic(self, e):
-        if e.op == "not":
-            a = yield e.a, 3
-            return f"not {a}", 0
-        side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
-        a = yield e.a, side[0]
-        b = yield e.b, side[1]
-        return f"{a} {e.op} {b}", -1
-
-    def unary(self, e):
-        if e.op == "neg":
-            a = yield e.a, 3
-            return f"-{a}", 2
-        a = yield e.a, 0
-        return f"{e.op}({a})", 3
-
-    def cmp(self, e):
-        a = yield e.a, 1
-        b = yield e.b, 1
-        return f"{a} {_CMP[e.op]} {b}", 0
-
     def call(self, head, *args):
         """``head(args...)``, the arguments ``(child, prec)`` pairs."""
         texts = []
@@ -544,13 +509,9 @@ def _load(p, e):
 
 
 _FORMAT = {
+    **{node: (lambda p, e, text=text: text(e)) for node, text in OPERATOR_TEXT.items()},
     Const: _Printer.const,
     Var: lambda p, e: (p.var(e), 3),
-    BinOp: _Printer.binop,
-    Cmp: _Printer.cmp,
-    Logic: _Printer.logic,
-    Unary: _Printer.unary,
-    Cast: lambda p, e: p.call(e.to, (e.a, 0)),
     Select: lambda p, e: p.call("select", (e.cond, 0), (e.a, 0), (e.b, 0)),
     BufLoad: lambda p, e: (p.access(e.buffer, e.index), 3),
     LaneReduce: lambda p, e: p.call(f"{e.op}_lanes", (e.value, 0)),

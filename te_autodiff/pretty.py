@@ -14,7 +14,52 @@ from .visit import children, topo_order, trampoline
 _INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
           "floordiv": ("//", 2), "mod": ("%", 2)}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_FUNC = {"max": "max", "min": "min", "pow": "pow"}
+
+
+def _binop(e):
+    if e.op in _INFIX:
+        sym, p = _INFIX[e.op]
+        a = yield e.a, p
+        b = yield e.b, p + 1
+        return f"{a} {sym} {b}", p
+    a = yield e.a, 0
+    b = yield e.b, 0
+    return f"{e.op}({a}, {b})", 3
+
+
+def _cmp(e):
+    a = yield e.a, 1
+    b = yield e.b, 1
+    return f"{a} {_CMP[e.op]} {b}", 0
+
+
+def _logic(e):
+    if e.op == "not":
+        a = yield e.a, 3
+        return f"not {a}", 0
+    side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
+    a = yield e.a, side[0]
+    b = yield e.b, side[1]
+    return f"{a} {e.op} {b}", -1
+
+
+def _unary(e):
+    if e.op == "neg":
+        a = yield e.a, 3
+        return f"-{a}", 2
+    a = yield e.a, 0
+    return f"{e.op}({a})", 3
+
+
+def _cast(e):
+    a = yield e.a, 0
+    return f"{e.to}({a})", 3
+
+
+# The text of an operator node and its precedence (3 = atomic), as generators
+# that yield ``(child, precedence of the context)`` for each child's text: the
+# te printer here and the loop IR printer (lowering/loop_ir.py) share them.
+OPERATOR_TEXT = {BinOp: _binop, Cmp: _cmp, Logic: _logic, Unary: _unary, Cast: _cast}
 
 
 class _Printer:
@@ -74,36 +119,8 @@ class _Printer:
             return (f"({text})" if e.value < 0 else text), 3
         if isinstance(e, Var):
             return self.var(e), 3
-        if isinstance(e, BinOp):
-            if e.op in _INFIX:
-                sym, p = _INFIX[e.op]
-                a = yield e.a, p
-                b = yield e.b, p + 1
-                return f"{a} {sym} {b}", p
-            a = yield e.a, 0
-            b = yield e.b, 0
-            return f"{_FUNC[e.op]}({a}, {b})", 3
-        if isinstance(e, Cmp):
-            a = yield e.a, 1
-            b = yield e.b, 1
-            return f"{a} {_CMP[e.op]} {b}", 0
-        if isinstance(e, Logic):
-            if e.op == "not":
-                a = yield e.a, 3
-                return f"not {a}", 0
-            side = [-1 if isinstance(x, Logic) and x.op == e.op else 0 for x in (e.a, e.b)]
-            a = yield e.a, side[0]
-            b = yield e.b, side[1]
-            return f"{a} {e.op} {b}", -1
-        if isinstance(e, Unary):
-            if e.op == "neg":
-                a = yield e.a, 3
-                return f"-{a}", 2
-            a = yield e.a, 0
-            return f"{e.op}({a})", 3
-        if isinstance(e, Cast):
-            a = yield e.a, 0
-            return f"{e.to}({a})", 3
+        if type(e) in OPERATOR_TEXT:
+            return (yield from OPERATOR_TEXT[type(e)](e))
         if isinstance(e, Select):
             cond = yield e.cond, -1
             a = yield e.a, 0
