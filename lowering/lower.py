@@ -806,9 +806,10 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
             try:
                 stages.append(_stage(t, buffers[t], ctx))
             except RecursionError:      # each nested select is a nested branch of the loop IR
-                raise ValueError(f"te.build: tensor '{t.name}' nests te.if_then_else (or and/or) "
-                                 "too deeply to lower (a few hundred levels); compute the inner "
-                                 "levels in a te.compute of their own") from None
+                raise ValueError(f"te.build: tensor '{t.name}' is nested too deeply to lower: "
+                                 "te.if_then_else, and, or lower to nested branches, a few hundred "
+                                 "levels at most; compute the inner levels in a te.compute of "
+                                 "their own") from None
         elif t.body.scan not in scans:
             scans.add(t.body.scan)
             stages += _scan_stages(t.body.scan, ctx, store_set, recompute_set)

@@ -146,7 +146,7 @@ def test_nested_selects_are_visited_once_per_node_not_once_per_path(monkeypatch)
 def test_selects_nested_too_deeply_to_lower_are_a_clear_error():
     X, W = te.placeholder((4,), "float64", "X"), te.placeholder((4,), "float64", "W")
     Y = te.compute((4,), lambda i: select_chain(X[i], W[i], 500), name="Y")
-    with pytest.raises(ValueError, match="tensor 'Y' nests te.if_then_else"):
+    with pytest.raises(ValueError, match="tensor 'Y' is nested too deeply to lower"):
         te.build([X, W], [Y])
 
 
