@@ -209,7 +209,20 @@ def _split(a, b):
     opened = [_products(a), _products(b)]
     if None in opened:
         opened = _highest_first(a, b)
-    return (*_factors(a, opened[0]), *_factors(b, opened[1]))
+    (ka, fa), (kb, fb) = _factors(a, opened[0]), _factors(b, opened[1])
+    common = set(fa) & set(fb)
+    if common:      # a product with no common factor inside stays whole: the rest reuses it
+        (ka, fa), (kb, fb) = (_factors(e, _around(e, o, common)) for e, o in ((a, opened[0]), (b, opened[1])))
+    return ka, fa, kb, fb
+
+
+def _around(e, opened: set, common: set) -> set:
+    """The nodes of ``opened`` (products of ``e``) with a factor in ``common`` below them."""
+    keep = set()
+    for node in topo_order([e], lambda n: children(n) if n in opened else ()):
+        if node in opened and any(c in common or c in keep for c in children(node)):
+            keep.add(node)
+    return keep
 
 
 def _products(e):
