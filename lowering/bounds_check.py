@@ -136,13 +136,20 @@ def _compares_integers(cond) -> bool:
 
 class Scope:
     """Loop variables with their domains (outermost first) and the guards
-    known to hold at one point of a tensor's body."""
+    known to hold at one point of a tensor's body.
 
-    def __init__(self, doms=None, guards=(), conds=()):
+    The scopes with the same domains form a family in which each set of
+    conditions has one scope, however the selects that lead to it nest: a
+    body of nested selects on one integer test has a few scopes, not one
+    per path through them."""
+
+    def __init__(self, doms=None, guards=(), conds=(), family=None):
         self.doms = doms or {}
         self.guards = guards            # linear forms g >= 0
         self.conds = conds              # the (condition, truth) pairs they come from
         self._children = {}
+        self._family = {} if family is None else family     # frozenset(conds) -> scope
+        self._family.setdefault(frozenset(conds), self)
 
     @classmethod
     def of_axes(cls, axes, shape) -> "Scope":
@@ -163,8 +170,11 @@ class Scope:
             return self
         key = ("guard", cond, truth)
         if key not in self._children:
-            self._children[key] = Scope(self.doms, self.guards + tuple(_conditions(cond, truth)),
-                                        self.conds + ((cond, truth),))
+            conds = frozenset(self.conds + ((cond, truth),))
+            if conds not in self._family:
+                Scope(self.doms, self.guards + tuple(_conditions(cond, truth)), self.conds + ((cond, truth),),
+                      self._family)
+            self._children[key] = self._family[conds]
         return self._children[key]
 
     def var_limits(self, v):

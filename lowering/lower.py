@@ -85,7 +85,8 @@ from te_autodiff.graph import tensors_in_order
 from te_autodiff.lift import is_lifted_part
 from te_autodiff.sharing import normal_form, share
 from te_autodiff.tensor import Tensor
-from te_autodiff.visit import children, free_vars, rebuild, rewrite, substitute, topo_order
+from te_autodiff.visit import (children, eager_children, free_vars, is_leaf, rebuild, rewrite, substitute,
+                               topo_order)
 
 from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
 from .key_stages import is_keyed, keyed_stage
@@ -96,6 +97,9 @@ TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
 CHEAP_WORK = 3              # inlined when not read inside a reduction
 PAD_STORE_READS = 16        # a padding select read this often per element inside reductions is stored
+MAX_NESTING = 200           # selects, and/or, reductions nested in one stage's body: lowering and code
+                            # generation recurse once per level, and this many levels stay inside Python's
+                            # default recursion limit whatever the limit is set to, so the error is the same
 _COMBINE = {"sum": add, "prod": mul, "max": maximum, "min": minimum}
 
 
@@ -375,6 +379,7 @@ class _Context:
         self.speculatable_memo = {}
         self.index_memo = {}
         self.time = None            # the time of the scan step being lowered
+        self.nesting = 0            # selects, and/or, reductions being lowered, one inside the other
 
     def local(self, prefix, dtype) -> Local:
         self.n_locals += 1
@@ -477,7 +482,7 @@ class _Emitter:
                 continue
             rule = _RULES.get(type(node))
             if rule is not None:
-                memo[node] = self.bind(node, rule(self, node))
+                memo[node] = self.bind(node, self.nested(rule, node))
             elif phase == 0:
                 stack.append((node, 1))
                 for k in children(node):
@@ -499,6 +504,18 @@ class _Emitter:
                 memo[node] = self.bind(node, rebuild(node, [memo[k] for k in children(node)]))
         return memo[e]
 
+    def nested(self, rule, node):
+        """``rule(self, node)``, which lowers the parts of ``node`` by calling
+        :meth:`value` again: one level deeper (at most :data:`MAX_NESTING`)."""
+        ctx = self.ctx
+        if ctx.nesting >= MAX_NESTING:
+            raise _NestedTooDeeply
+        ctx.nesting += 1
+        try:
+            return rule(self, node)
+        finally:
+            ctx.nesting -= 1
+
     def bind(self, node, v):
         """``v``, or a let-bound local holding it when ``node`` is used again."""
         if self.shared is None or node not in self.shared or self.ctx.trivial(v):
@@ -511,6 +528,19 @@ class _Emitter:
         """Lower ``e`` in a nested block: (emitter, value)."""
         sub_emitter = self.child(scope)
         return sub_emitter, sub_emitter.value(e)
+
+    def hoist_common(self, a, b):
+        """Lower here what both branches ``a`` and ``b`` evaluate, whichever
+        is taken: evaluated anyway, it is computed once before the branch
+        instead of once in each (through nested selects, once per path)."""
+        def evaluated(root):
+            return topo_order([root], lambda n: () if n in self.memo else eager_children(n))
+        in_a = set(evaluated(a))
+        common = [n for n in evaluated(b) if n in in_a and n not in self.memo and not is_leaf(n)]
+        inside = {k for n in common for k in eager_children(n)}
+        for n in common:
+            if n not in inside:         # the outermost: each lowers the common nodes below it
+                self.value(n)
 
     def adopt(self, *branches) -> bool:
         """Move the statements of speculated ``branches`` into this block when
@@ -540,6 +570,7 @@ class _Emitter:
             if isinstance(known, Const):
                 return self.value(e.a if known.value else e.b)
         cond = self.value(e.cond)
+        self.hoist_common(e.a, e.b)
         if self.ctx.speculatable(e.a, self.scope) and self.ctx.speculatable(e.b, self.scope):
             (ba, a), (bb, b) = self.branch(e.a, self.scope), self.branch(e.b, self.scope)
             if self.adopt(ba, bb):
@@ -597,6 +628,10 @@ class _Emitter:
         return result
 
 
+class _NestedTooDeeply(Exception):
+    """A stage's body nests more than :data:`MAX_NESTING` levels (:func:`_stage` names the tensor)."""
+
+
 def _within(index, n: int, scope) -> bool:
     """Whether a data-dependent ``index`` is known to lie in ``[0, n)`` (it reads
     an inverse index, whose values are positions)."""
@@ -635,7 +670,12 @@ def _stage(t, buf, ctx, step=None) -> Stage:
     scope = Scope({**doms, **Scope.of_axes(axes, shape).doms})
     first_local = ctx.n_locals
     probe = _Emitter(ctx, scope)                    # finds the values used more than once
-    probe.value(expr)
+    try:
+        probe.value(expr)
+    except _NestedTooDeeply:
+        raise ValueError(f"te.build: tensor '{t.name}' is nested too deeply to lower: te.if_then_else, "
+                         f"and, or and reductions lower to nested blocks, {MAX_NESTING} levels at most; "
+                         "compute the inner levels in a te.compute of their own") from None
     ctx.n_locals = first_local
     em = _Emitter(ctx, scope, shared=probe.reused)
     value = em.value(expr)
@@ -803,13 +843,7 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
         if not math.prod(t.shape):                  # empty: nothing to do
             continue
         if not _is_scan(t):
-            try:
-                stages.append(_stage(t, buffers[t], ctx))
-            except RecursionError:      # each nested select is a nested branch of the loop IR
-                raise ValueError(f"te.build: tensor '{t.name}' is nested too deeply to lower: "
-                                 "te.if_then_else, and, or lower to nested branches, a few hundred "
-                                 "levels at most; compute the inner levels in a te.compute of "
-                                 "their own") from None
+            stages.append(_stage(t, buffers[t], ctx))
         elif t.body.scan not in scans:
             scans.add(t.body.scan)
             stages += _scan_stages(t.body.scan, ctx, store_set, recompute_set)

@@ -7,6 +7,7 @@ text of the lowered loop IR.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 
 import numpy as np
@@ -119,35 +120,110 @@ def np_select_chain(x, w, levels):
     return v, dx, dw
 
 
-def test_nested_selects_are_visited_once_per_node_not_once_per_path(monkeypatch):
-    """A select's branches are checked and lifted under its condition; a
-    condition on float data says nothing about indices or reductions, so the
+def branch_chain(v, w, levels, x):
+    """``v <- v·0.99 if x > 0.01 k else v·1.01 + w``: the level below sits in both branches."""
+    for k in range(levels):
+        v = te.if_then_else(x > 0.01 * k, v * 0.99, v * 1.01 + w)
+    return v
+
+
+def np_branch_chain(x, w, levels):
+    v, dx, dw = x.copy(), np.ones_like(x), np.zeros_like(x)
+    for k in range(levels):
+        hi = x > 0.01 * k
+        v, dx, dw = (np.where(hi, v * 0.99, v * 1.01 + w), np.where(hi, dx * 0.99, dx * 1.01),
+                     np.where(hi, dw * 0.99, dw * 1.01 + 1.0))
+    return v, dx, dw
+
+
+def guarded_chain(v, w, levels, i):
+    """``v <- w[i-1]/2 + v if i >= 1 else 0.9 v``: an index guard, the level below in both branches."""
+    for _ in range(levels):
+        v = te.if_then_else(i >= 1, w[i - 1] * 0.5 + v, v * 0.9)
+    return v
+
+
+def np_guarded_chain(x, w, levels):
+    first = np.arange(len(x)) == 0
+    shifted = np.r_[0.0, w[:-1]] * 0.5
+    v, dx, dw = x.copy(), np.ones_like(x), np.zeros_like(x)
+    for _ in range(levels):
+        v, dx = np.where(first, v * 0.9, shifted + v), np.where(first, dx * 0.9, dx)
+    dw[:-1] = levels * 0.5 * ~first[1:]         # dw[j] from v[j + 1], one half per level
+    return v, dx, dw
+
+
+CHAINS = {      # name: (te body of Y[i] from X, W; numpy values and derivatives)
+    "tests the level below": (lambda X, W, i, n: select_chain(X[i], W[i], n), np_select_chain),
+    "level below in both branches": (lambda X, W, i, n: branch_chain(X[i], W[i], n, X[i]), np_branch_chain),
+    "index guard": (lambda X, W, i, n: guarded_chain(X[i], W, n, i), np_guarded_chain),
+}
+
+
+@pytest.mark.parametrize("chain", CHAINS)
+def test_nested_selects_are_visited_once_per_node_not_once_per_path(monkeypatch, chain):
+    """A select's branches are checked and lifted under its condition; the
     nodes below are visited once, not once per path through the selects
-    (eight levels took 52 s to build, twenty would not finish)."""
+    (eight levels took 52 s to build, twenty would not finish): a condition
+    on float data says nothing about indices, a body has one scope per set of
+    index conditions, and what both branches compute is lowered once before
+    them."""
     import lowering.bounds_check as bounds_check
+    import lowering.lower as lower_module
     import te_autodiff.lift as lift
     calls = []
-    for module, name in ((bounds_check, "_check_load"), (lift._Lifter, "_walk")):
+    for module, name in ((bounds_check, "_check_load"), (lift._Lifter, "_walk"),
+                         (lower_module._Emitter, "select")):
         def counted(*args, _f=getattr(module, name), _name=name):
             calls.append(_name)
             assert len(calls) < 100_000, "the nested selects are visited once per path"
             return _f(*args)
         monkeypatch.setattr(module, name, counted)
+    body, reference = CHAINS[chain]
     levels, n = 40, 8
     X, W = te.placeholder((n,), "float64", "X"), te.placeholder((n,), "float64", "W")
-    Y = te.compute((n,), lambda i: select_chain(X[i], W[i], levels), name="Y")
+    Y = te.compute((n,), lambda i: body(X, W, i, levels), name="Y")
     dX, dW = te.gradient(Y, [X, W])
-    y, dx, dw = te.build([X, W], [Y, dX, dW])(x := np.linspace(0.3, 0.7, n), w := np.full(n, 0.01))
-    want = np_select_chain(x, w, levels)
-    for got, ref in zip((y, dx, dw), want):
+    y, dx, dw = te.build([X, W], [Y, dX, dW])(x := np.linspace(0.3, 0.7, n), w := np.linspace(0.01, 0.02, n))
+    for got, ref in zip((y, dx, dw), reference(x, w, levels)):
         np.testing.assert_allclose(got, ref, rtol=1e-12)
 
 
-def test_selects_nested_too_deeply_to_lower_are_a_clear_error():
+@pytest.mark.parametrize("chain", CHAINS)
+def test_selects_nested_to_the_limit_build(chain):
+    """MAX_NESTING levels lower and compile inside Python's default recursion
+    limit, called from deep in a caller's own stack."""
+    from lowering.lower import MAX_NESTING
+    body, reference = CHAINS[chain]
+    n = 8
+    X, W = te.placeholder((n,), "float64", "X"), te.placeholder((n,), "float64", "W")
+    Y = te.compute((n,), lambda i: body(X, W, i, MAX_NESTING), name="Y")
+
+    def from_depth(frames):
+        return from_depth(frames - 1) if frames else te.build([X, W], [Y])
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        kernel = from_depth(100)
+    finally:
+        sys.setrecursionlimit(limit)
+    x, w = np.linspace(0.3, 0.7, n), np.linspace(0.01, 0.02, n)
+    np.testing.assert_allclose(kernel(x, w), reference(x, w, MAX_NESTING)[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("recursion_limit", [1000, 20_000])
+def test_selects_nested_too_deeply_to_lower_are_a_clear_error(recursion_limit):
+    """The same error whatever Python's recursion limit (torch.compile raises it to 2000)."""
+    from lowering.lower import MAX_NESTING
     X, W = te.placeholder((4,), "float64", "X"), te.placeholder((4,), "float64", "W")
-    Y = te.compute((4,), lambda i: select_chain(X[i], W[i], 500), name="Y")
-    with pytest.raises(ValueError, match="tensor 'Y' is nested too deeply to lower"):
-        te.build([X, W], [Y])
+    Y = te.compute((4,), lambda i: select_chain(X[i], W[i], MAX_NESTING + 1), name="Y")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(recursion_limit)
+    try:
+        with pytest.raises(ValueError, match=f"tensor 'Y' is nested too deeply to lower.*{MAX_NESTING} levels"):
+            te.build([X, W], [Y])
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_deep_dag_lowers_in_well_under_a_second():
