@@ -44,8 +44,12 @@ class Buffer:
         return prod(self.shape)
 
     @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * self.itemsize
 
     def __str__(self):
         return f"{self.name}: {self.dtype}[{', '.join(map(str, self.shape))}] {self.kind}"

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 import te_autodiff as te
 from lowering import runtime
 from lowering.codegen_llvm import stream_min_bytes
-from lowering.loop_ir import For, If, Simd, expr_text, walk
+from lowering.loop_ir import For, If, Simd, expr_text, stmt_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
@@ -774,3 +774,105 @@ def test_stages_of_one_template_split_by_residue_keep_their_own_names():
         want = np.zeros((16, 16), np.float32)
         want[1::2] = x[t].T
         np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------------------ rule 0b: interior split
+
+
+def _interior_stages(kernel, name):
+    return [st.name for st in kernel.program.stages if st.name.startswith(f"{name}.")]
+
+
+def _stencil(n, taps):
+    """``y[i] = sum_d w_d x[i + d]`` over the taps ``{d: w_d}`` and its gradient
+    in ``x`` for a head ``H``: ``dx[j] = sum_d w_d H[j - d]`` where ``0 <= j - d < m``."""
+    lo, hi = min(0, *taps), max(0, *taps)
+    m = n - (hi - lo)
+    x, H = te.placeholder((n,), "float32", "x"), te.placeholder((m,), "float32", "H")
+    y = te.compute((m,), lambda i: sum(w * x[i + d - lo] for d, w in taps.items()), name="y")
+    (dx,) = te.gradient(y, [x], head=H)
+    return x, H, y, dx, lo
+
+
+def _np_stencil_gradient(h, n, taps, lo):
+    dx = np.zeros(n, np.float64)
+    for d, w in taps.items():
+        dx[d - lo:d - lo + len(h)] += w * h.astype(np.float64)
+    return dx
+
+
+@pytest.mark.parametrize("target", ["haswell", "skylake-avx512"])
+def test_a_stencil_gradient_runs_its_interior_without_tests(target):
+    """The gradient of a 3-point stencil tests ``j >= 1``, ``j <= n - 2``...
+    around its reads of the head; those hold away from both ends, so the
+    stage runs as a border, an interior with no test, select or masked read,
+    whose ends are multiples of a cache line, and a border.  The values
+    match numpy's."""
+    n, taps = 4099, {0: 0.25, 1: 0.5, 2: 0.25}
+    x, H, y, dx, lo = _stencil(n, taps)
+    kernel = te.build([x, H], [y, dx], target=target)
+    assert _interior_stages(kernel, "dx") == ["dx.border0", "dx.interior", "dx.border1"]
+    border0, interior, border1 = (stmt_text(st.body) for st in kernel.program.stages if st.name.startswith("dx."))
+    assert " if " not in interior and "select(" not in interior and "select(" in border0
+    line = kernel.target.alignment // 4                 # float32 elements in a cache line
+    assert f"+ {line}]" in interior and f"+ {4096 // line * line}]" in border1     # interior: j in 16..4096
+    run = kernel if kernel.target.missing_on_host() is None else te.build([x, H], [y, dx], target="host")
+    a, h = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n - 2).astype(np.float32)
+    got_y, got_dx = run(a, h)
+    np.testing.assert_allclose(got_y, 0.25 * a[:-2] + 0.5 * a[1:-1] + 0.25 * a[2:], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_dx, _np_stencil_gradient(h, n, taps, lo), rtol=1e-6, atol=1e-6)
+
+
+def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop():
+    """The rule leaves alone a stage whose element body runs a loop (a
+    reduction), a test that is not an order comparison affine in the loop
+    (``i * i < n``), and a loop too short for an interior of a whole line
+    at least as long as its borders; each still computes numpy's values."""
+    x = te.placeholder((200,), "float32", "x")
+    k = te.reduce_axis(3, "k")
+    cases = {
+        "R": (te.compute((200,), lambda i: te.sum(te.if_then_else(i + k < 200, x[te.minimum(i + k, 199)], 0.0),
+                                                   axis=k), name="R"),
+              lambda a: np.array([a[i:i + 3].sum() for i in range(200)], np.float32)),
+        "Q": (te.compute((200,), lambda i: te.if_then_else(i * i < 200, x[te.minimum(i * i, 199)], 0.0), name="Q"),
+              lambda a: np.where(np.arange(200) ** 2 < 200, a[np.minimum(np.arange(200) ** 2, 199)], 0)),
+        "S": (te.compute((200,), lambda i: te.if_then_else(i >= 90, x[te.maximum(i - 90, 0)], 0.0), name="S"),
+              lambda a: np.where(np.arange(200) >= 90, a[np.maximum(np.arange(200) - 90, 0)], 0)),
+    }
+    for name, (T, numpy) in cases.items():
+        kernel = te.build([x], [T])
+        assert not _interior_stages(kernel, name), name
+        a = RNG.standard_normal(200).astype(np.float32)
+        np.testing.assert_allclose(kernel(a), numpy(a).astype(np.float32), rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(4, 700), taps=st.dictionaries(st.integers(-4, 4), st.sampled_from([0.5, -1.25, 2.0]),
+                                                    min_size=1, max_size=4),
+       rows=st.sampled_from([None, 3]))
+def test_interior_split_computes_the_stencil_gradient_of_any_shape(n, taps, rows):
+    """For any taps, length, and with or without an outer loop of rows, the
+    gradient of a stencil (split into border, interior and border stages
+    wherever the interior holds a cache line and is as long as the borders)
+    matches numpy, and the interior stage never tests its loop."""
+    lo, hi = min(0, *taps), max(0, *taps)
+    if n - (hi - lo) < 1:
+        n = hi - lo + 1
+    m = n - (hi - lo)
+    shape = (n,) if rows is None else (rows, n)
+    x, H = te.placeholder(shape, "float32", "x"), te.placeholder(shape[:-1] + (m,), "float32", "H")
+    y = te.compute(shape[:-1] + (m,), (lambda i: sum(w * x[i + d - lo] for d, w in taps.items())) if rows is None
+                   else (lambda r, i: sum(w * x[r, i + d - lo] for d, w in taps.items())), name="y")
+    (dx,) = te.gradient(y, [x], head=H)
+    kernel = te.build([x, H], [dx])
+    parts = [st for st in kernel.program.stages if st.name.startswith("dx.")]
+    if n >= 80 and hi > lo:                 # a test at each end, an interior of several lines
+        assert "dx.interior" in [st.name for st in parts]
+    for st in parts:
+        if st.name == "dx.interior":
+            assert " if " not in stmt_text(st.body)
+    a = RNG.standard_normal(shape).astype(np.float32)
+    h = RNG.standard_normal(shape[:-1] + (m,)).astype(np.float32)
+    want = (_np_stencil_gradient(h, n, taps, lo) if rows is None else
+            np.stack([_np_stencil_gradient(h[r], n, taps, lo) for r in range(rows)]))
+    np.testing.assert_allclose(kernel(a, h), want, rtol=1e-5, atol=1e-5)

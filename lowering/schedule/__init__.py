@@ -25,6 +25,14 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    elimination leaves on the gradient of a strided read, splits the stage
    into one stage per residue class ``v = m w + rho``, each scheduled
    without the test (zero fills, and reads whose ``// m`` is exact).
+   b. **Interior split** (``peeling.py``).  In a stage whose element body
+   runs no loop, tests that read the innermost output loop ``j`` and hold
+   on an interior range of it (a stencil's gradient: ``j >= 2``, ``j <= n -
+   3`` around its reads) split the stage into three stages over ``j``:
+   border, interior without the tests, border, the interior's ends on
+   cache-line boundaries.  Run as one stage, every vector computes the
+   tests and reads under masks (the stencil benchmark kernel's gradient on
+   an AMD EPYC Zen 5, built for AVX2: 0.325 -> 0.18 ms).
 1. **Split reductions to one element** (``split_reduction.py``).  A stage
    storing one value reduced over a large domain (a loss) would run on one
    thread: its outermost reduction loop is cut into a fixed number of parts
@@ -141,6 +149,7 @@ from .lane_reduction import dot_tiles, in_lanes, reduce_in_lanes
 from .nest import Nest, as_nest
 from .offsets import offset_loops
 from .packing import unrolled_partially
+from .peeling import interior_split, split_interior
 from .residues import residue_plan, split_residues
 from .selects import if_to_select
 from .split_reduction import split_reduction, splits_reduction
@@ -181,6 +190,10 @@ def schedule_stage(stage: Stage, taken: set, new_buffers: list, bl: Blocking) ->
     residues = residue_plan(nest)                                                # 0
     if residues is not None:
         return [s for part in split_residues(nest, stage, residues)
+                for s in schedule_stage(part, taken, new_buffers, bl)]
+    interior = interior_split(nest, bl.target.alignment // stage.buffer.itemsize)   # 0b
+    if interior is not None:
+        return [s for part in split_interior(nest, stage, interior)
                 for s in schedule_stage(part, taken, new_buffers, bl)]
     split = split_reduction(nest, stage, taken, new_buffers, bl)               # 1
     if split is not None:

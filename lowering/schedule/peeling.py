@@ -1,15 +1,25 @@
-"""Rule 6b, peeling: tests that read the row variable of a register tile
-(padding, ``0 <= i + d - 2 < H`` for every tap ``d``) hold on an interior
-range of rows; the row range is cut into border, interior (whole tiles,
-without those tests) and border."""
+"""Peeling: tests that read an output loop's variable hold on an interior
+range of it, which then runs without them.
+
+* Rule 0b, the innermost loop of an element-wise stage (a stencil's
+  gradient tests ``2 <= i`` and ``i <= n - 3`` around its reads): the stage
+  is split into three stages over that loop's range, border, interior
+  (without the tests) and border, the interior's ends on aligned
+  boundaries.  Run as one stage, every vector of the loop computes its
+  tests and reads under masks (on AVX2, ten instructions per read).
+* Rule 6b, the row variable of a register tile (padding, ``0 <= i + d - 2 <
+  H`` for every tap ``d``): the row range is cut into border, interior
+  (whole tiles, without those tests) and border.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from te_autodiff.expr import Cmp, Logic, Var, sub
+from te_autodiff.expr import Cmp, Logic, Var, add, sub, var
 
-from ..loop_ir import Block, For, If, free_leaves, linear_form, walk
-from .ir import conjunction, flat
+from ..loop_ir import Block, For, If, Stage, free_leaves, linear_form, map_stmt, substituter, walk
+from .ir import conjunction, flat, idx
+from .nest import Nest
 
 
 def _conjuncts(cond) -> list:
@@ -104,3 +114,40 @@ def peel(extent: int, mr: int, body, i: Var, inner: dict):
     if hi - lo < mr:
         return None
     return Peel(lo, lo + (hi - lo) // mr * mr, found[2])      # whole tiles; the rest joins the border
+
+
+def interior_split(nest: Nest, align: int):
+    """Rule 0b's plan for a stage whose element body runs no loop: ``(lo, hi,
+    tests)``, the interior ``lo <= j < hi`` of the innermost output loop
+    ``j`` where the tests that read ``j`` hold (``lo`` and ``hi`` multiples
+    of ``align`` elements), at least as long as the borders; None when there
+    is none."""
+    j, extent = nest.vars[-1], nest.extents[-1]
+    if any(isinstance(s, For) for s in walk(nest.body)):
+        return None
+    found = interior(nest.body, j, {})
+    if found is None or not found[2]:
+        return None
+    lo = -(-max(found[0], 0) // align) * align
+    hi = min(found[1], extent) // align * align
+    if hi - lo < max(align, extent - (hi - lo)):
+        return None
+    return lo, hi, found[2]
+
+
+def split_interior(nest: Nest, stage: Stage, plan) -> list:
+    """The stages of rule 0b: ``stage`` over ``j < lo``, ``lo <= j < hi``
+    without the tests, and ``hi <= j``, named ``.border0``, ``.interior``,
+    ``.border1``; each loop counts from 0 (``j = first + j'``)."""
+    lo, hi, tests = plan
+    j, extent = nest.vars[-1], nest.extents[-1]
+    out = []
+    for suffix, first, n, body in (("border0", 0, lo, nest.body), ("interior", lo, hi - lo, _drop_tests(nest.body, tests)),
+                                   ("border1", hi, extent - hi, nest.body)):
+        if n == 0:
+            continue
+        jj = var(f"{j.name}.{suffix[0]}")
+        body = map_stmt(body, substituter({j: add(jj, idx(first))}))
+        loops = nest.loops[:-1] + [For(jj, idx(0), idx(n), body, nest.loops[-1].kind)]
+        out.append(replace(stage, name=f"{stage.name}.{suffix}", body=Nest(loops, body).around(body)))
+    return out
