@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from .kernels import KERNELS
+from .peer_isa import UNCAPPED, peer_caps
 from .peers import LABELS, PEERS
 from .worker import TOL
 
@@ -72,7 +73,7 @@ def machine() -> dict:
     flags = set(cpu.get("flags", "").split())
     simd = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
     return dict(cpu=cpu.get("model name", platform.processor() or "unknown"), cores=os.cpu_count(), simd=simd,
-                target=str(te.target()), isa=isa_name(),
+                target=str(te.target()), isa=isa_name(), peer_caps=peer_caps(),
                 mem_gb=cpu.get("mem_gb"), python=platform.python_version(), platform=platform.platform(),
                 git=_git_rev(),
                 versions={d: _version(d) for d in ("te-autodiff", "numpy", "llvmlite", "jax", "jaxlib", "torch",
@@ -168,7 +169,11 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
     L.append(f"- CPU: {mach['cpu']}, {mach['cores']} logical cores{mem}; SIMD: {', '.join(mach['simd']) or '–'}")
     if mach.get("target"):
         L.append(f"- te-autodiff compiled for **{mach['isa']}**: {mach['target']}"
-                 f"{' (TE_TARGET, narrower than this machine)' if 'TE_TARGET' in os.environ else ''}")
+                 f"{' (TE_TARGET, narrower than this machine)' if mach.get('peer_caps') else ''}")
+    if mach.get("peer_caps"):
+        L.append(f"- The peers kept to {mach['isa'].upper()} too, so that the run stands for a machine without wider "
+                 "vectors (`benchmarks/peer_isa.py`): " + ", ".join(f"`{k}={v}`" for k, v in mach["peer_caps"].items())
+                 + f"; {UNCAPPED}")
     L.append(f"- Python {mach['python']} on {mach['platform']}")
     L.append("- " + ", ".join(f"{d} {v}" for d, v in mach["versions"].items()))
     if limits.get("status") == "ok":

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from .kernels import KERNELS
+from .peer_isa import peer_caps, with_caps
 from .peers import PEERS, installed
 from .report import isa_name, write_outputs
 from .worker import MARK
@@ -87,7 +88,7 @@ def child_env(threads: int, tmp: str) -> dict:
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONHASHSEED"] = "0"
-    return env
+    return with_caps(env, peer_caps())
 
 
 def run_child(job: dict, threads: int, timeout: float) -> dict:
