@@ -141,13 +141,14 @@ def split_interior(nest: Nest, stage: Stage, plan) -> list:
     ``.border1``; each loop counts from 0 (``j = first + j'``)."""
     lo, hi, tests = plan
     j, extent = nest.vars[-1], nest.extents[-1]
+    parts = (("border0", "b", 0, lo, nest.body), ("interior", "i", lo, hi - lo, _drop_tests(nest.body, tests)),
+             ("border1", "c", hi, extent - hi, nest.body))
     out = []
-    for suffix, first, n, body in (("border0", 0, lo, nest.body), ("interior", lo, hi - lo, _drop_tests(nest.body, tests)),
-                                   ("border1", hi, extent - hi, nest.body)):
+    for name, short, first, n, body in parts:
         if n == 0:
             continue
-        jj = var(f"{j.name}.{suffix[0]}")
+        jj = var(f"{j.name}.{short}")
         body = map_stmt(body, substituter({j: add(jj, idx(first))}))
         loops = nest.loops[:-1] + [For(jj, idx(0), idx(n), body, nest.loops[-1].kind)]
-        out.append(replace(stage, name=f"{stage.name}.{suffix}", body=Nest(loops, body).around(body)))
+        out.append(replace(stage, name=f"{stage.name}.{name}", body=Nest(loops, body).around(body)))
     return out
