@@ -545,23 +545,53 @@ def test_large_outputs_written_once_use_streaming_stores():
 
 @pytest.mark.parametrize("name,streams", [("haswell", False), ("skylake-avx512", True)])
 def test_a_transposed_write_streams_only_whole_cache_lines(name, streams):
-    """A transpose writes a tile's rows in turn, one vector each: AVX-512's
-    64-byte vector is a whole cache line and streams; AVX2's 32-byte one
-    would leave lines half written (partial write-combining flushes), so it
-    goes through the caches.  A row written in order streams on both.  (Rows
-    of 1040 elements: with 1024, rows 4 KiB apart, the gathers take 8 lanes,
-    see test_gathers_keep_their_lanes_lines_within_the_l1_ways.)"""
+    """A gathering transpose (``A[j, 2i]``: every other element of a row, so
+    not read as rows) writes a tile's rows in turn, one vector each:
+    AVX-512's 64-byte vector is a whole cache line and streams; AVX2's
+    32-byte one would leave lines half written (partial write-combining
+    flushes), so it goes through the caches.  A transpose read as rows
+    writes a line of lanes per row and a row written in order streams: both
+    stream on both.  (Rows of 1040 elements: with 1024, rows 4 KiB apart,
+    the gathers take 8 lanes, see
+    test_gathers_keep_their_lanes_lines_within_the_l1_ways.)"""
     n = 1040
-    A = te.placeholder((n, n), "float32", "A")
-    B = te.compute((n, n), lambda i, j: A[j, i] * 2.0, name="B")
-    transposed = te.build([A], [B], target=name)
-    assert "for i.i in" in transposed.scheduled_ir          # rows inside the tile's columns
-    assert ("!nontemporal" in transposed.llvm_ir) == streams
+    A = te.placeholder((n, 2 * n), "float32", "A")
+    gathered = te.build([A], [te.compute((n, n), lambda i, j: A[j, 2 * i] * 2.0, name="B")], target=name)
+    assert "for i.i in" in gathered.scheduled_ir and "transpose for" not in gathered.scheduled_ir
+    assert ("!nontemporal" in gathered.llvm_ir) == streams
+    transposed = te.build([A], [te.compute((2 * n, n), lambda i, j: A[j, i] * 2.0, name="B")], target=name)
+    assert "transpose for i.i in" in transposed.scheduled_ir and "!nontemporal" in transposed.llvm_ir
     rows = te.build([A], [te.compute((n, n), lambda i, j: A[i, j] * 2.0, name="B")], target=name)
     assert "!nontemporal" in rows.llvm_ir
-    if transposed.target.missing_on_host() is None:
-        a = RNG.standard_normal((n, n)).astype(np.float32)
+    if gathered.target.missing_on_host() is None:
+        a = RNG.standard_normal((n, 2 * n)).astype(np.float32)
+        np.testing.assert_array_equal(gathered(a), a[:, ::2].T * 2)
         np.testing.assert_array_equal(transposed(a), a.T * 2)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(target):
+    """``T[i, j] = A[j, i]``: the vector loop along ``j`` reads ``A``
+    strided across its lanes and contiguously along ``i``, the loop of rule
+    8's blocks.  That loop runs inside the lanes as a loop of kind
+    ``transpose`` (rows loaded, a line of lanes, and transposed in
+    registers) wherever the blocks are whole; shapes with partial blocks or
+    tiles gather there.  Exact against numpy for every shape."""
+    line = te.target(target).cache_line // 4
+    for rows, cols, dtype in ((1024, 1024, "float32"), (1040, 1000, "float32"), (37, 50, "float32"),
+                              (512, 256, "float64")):
+        A = te.placeholder((rows, cols), dtype, "A")
+        T = te.compute((cols, rows), lambda i, j: A[j, i], name="T")
+        kernel = te.build([A], [T], target=target)
+        loops = [x for st in kernel.program.stages for x in walk(st.body)]
+        if rows % line == 0 and cols % 16 == 0:
+            assert any(isinstance(x, For) and x.kind == "transpose" for x in loops), (rows, cols, dtype)
+            item = np.dtype(dtype).itemsize
+            assert {x.lanes for x in loops if isinstance(x, Simd)} == {
+                max(te.target(target).lanes(item), min(64 // item, 2 * te.target(target).lanes(item)))}
+        run = kernel if kernel.target.missing_on_host() is None else te.build([A], [T], target="host")
+        a = RNG.standard_normal((rows, cols)).astype(dtype)
+        np.testing.assert_array_equal(run(a), a.T)
 
 
 @pytest.mark.parametrize("name,rolled", [("haswell", True), ("skylake-avx512", False)])
@@ -606,13 +636,13 @@ def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
     one line per lane, all in one L1 set: it takes no more lanes than the set
     has ways (8 on these CPUs; 12 on Ice Lake, so 8 lanes there too).  Rows
     of 1000 elements spread the lines over many sets and keep the native
-    vector.  Both the transposing copy and a reduction gathering across rows
-    (lanes along the reduction; every other element of a row, so not read
-    as rows) follow the rule; the values match numpy on this machine."""
+    vector.  Both a transposing copy and a reduction gathering across rows
+    (every other element of a row, so not read as rows) follow the rule;
+    the values match numpy on this machine."""
     n = 64
     A = te.placeholder((n, 2 * row), "float32", "A")
     H = te.placeholder((row, n), "float32", "H")
-    T = te.compute((2 * row, n), lambda i, j: A[j, i] * 2.0, name="T")
+    T = te.compute((row, n), lambda i, j: A[j, 2 * i] * 2.0, name="T")
     r0, r1 = te.reduce_axis(row, "r0"), te.reduce_axis(n, "r1")
     s = te.compute((1,), lambda _: te.sum(A[r1, 2 * r0] * H[r0, r1], axis=[r0, r1]), name="s")
     a = RNG.standard_normal((n, 2 * row)).astype(np.float32)
@@ -624,7 +654,7 @@ def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
         host = te.build([A, H], [out], target="host")
         got = host(a, h)
         if out is T:
-            np.testing.assert_array_equal(got, a.T * 2.0)
+            np.testing.assert_array_equal(got, a[:, ::2].T * 2.0)
         else:
             terms = a[:, ::2].T.astype(np.float64) * h      # a float32 sum: judged against the size of its terms
             np.testing.assert_allclose(got, [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))

@@ -119,6 +119,13 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
 8. **Gather blocks** (``gather_block.py``).  When the vector loop gathers (a
    transposed read), the loop outside it is visited ``GATHER_BLOCK`` rows at
    a time inside each column tile, so the lines a gather touches are reused.
+   When every gather reads contiguously along that loop (a transposing
+   copy, packed operands included), the block's loop runs inside the
+   vector loop as a loop of kind ``transpose`` in lanes covering a cache
+   line (``vector_axis.transposed_lanes``): the code generator loads rows
+   and transposes them in registers.  A 1024 x 1024 float32 transpose on an
+   AMD EPYC Zen 5: 0.207 -> 0.16 ms built for AVX2, 0.219 -> 0.21 for
+   AVX-512.
 9. **Parallel root** (``parallel_root.py``).  The outermost tile loop is the
    ``parallel`` root the runtime splits across threads; when it has fewer
    than ``MIN_ROOT`` iterations an output tile loop with more is moved out.

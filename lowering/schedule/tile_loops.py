@@ -44,10 +44,11 @@ def tiled(extent: int, size: int, var_: Var, make, block=None) -> For:
     return For(var_, idx(0), idx(full + 1), Block((test,)))
 
 
-def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags) -> Block:
+def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_block) -> Block:
     """One tile of the element body ``src``: the rows ``row_subs`` by the
     columns ``base .. base + n_cols`` of ``j`` (column tile number ``tile``),
-    as full vectors jammed together and a masked last vector."""
+    as full vectors jammed together and a masked last vector, each vector
+    loop's body made ``inside(body)``."""
     j, lane, jt, lanes = plan.j, plan.lane, plan.tiles[0], plan.lanes
     full, rest = divmod(n_cols, lanes)
     out = []
@@ -56,17 +57,18 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags) -> Block:
         # multiply-adds and dies, so the tile needs its accumulators, ``full`` vectors and one
         # broadcast in registers (all rows' broadcasts stay live in the other order)
         reps = [{**rs, j: add(add(base, idx(c * lanes)), lane), jt: tile} for rs in row_subs for c in range(full)]
-        out.append(Simd(lane, idx(0), lanes, idx(lanes), jam(src, reps, tags)))
+        out.append(Simd(lane, idx(0), lanes, idx(lanes), inside(jam(src, reps, tags))))
     if rest:
         reps = [{**rs, j: add(add(base, idx(full * lanes)), lane), jt: tile} for rs in row_subs]
-        out.append(Simd(lane, idx(0), lanes, idx(rest), jam(src, reps, tags)))
+        out.append(Simd(lane, idx(0), lanes, idx(rest), inside(jam(src, reps, tags))))
     return Block(tuple(out))
 
 
-def _columns(plan: TilePlan, row_subs, src, tags, wrap=lambda b: b) -> For:
-    """The column tiles of ``nr`` vectors along ``j`` for the rows ``row_subs``."""
+def _columns(plan: TilePlan, row_subs, src, tags, wrap=lambda b: b, inside=as_block) -> For:
+    """The column tiles of ``nr`` vectors along ``j`` for the rows ``row_subs``
+    (each tile made ``wrap(tile)``, each vector loop's body ``inside(body)``)."""
     return tiled(plan.j_extent, plan.nr * plan.lanes, var(f"{plan.j.name}.o"),
-                 lambda base, n_cols, tile: wrap(_vectors(plan, row_subs, base, n_cols, tile, src, tags)))
+                 lambda base, n_cols, tile: wrap(_vectors(plan, row_subs, base, n_cols, tile, src, tags, inside)))
 
 
 def _row_subs(plan: TilePlan, base, n_rows: int, tile) -> list:
@@ -106,13 +108,19 @@ def _columns_first(plan: TilePlan, body, segments, tags) -> For:
 
 
 def _gather_blocks(plan: TilePlan, body, tags) -> For:
-    """Rule 8: blocks of ``GATHER_BLOCK`` rows of ``b``, each visited inside every column tile."""
+    """Rule 8: blocks of ``GATHER_BLOCK`` rows of ``b``, each visited inside
+    every column tile: around the vector loop, or inside it as a loop of
+    kind ``transpose`` (``plan.transpose``)."""
     b, b_extent = plan.gather
     b_out, b_in = var(f"{b.name}.b"), var(f"{b.name}.i")
     rows = idx(GATHER_BLOCK) if b_extent % GATHER_BLOCK == 0 else minimum(
         idx(GATHER_BLOCK), sub(idx(b_extent), mul(b_out, idx(GATHER_BLOCK))))
     row = {b: add(mul(b_out, idx(GATHER_BLOCK)), b_in)}
-    tiles = _columns(plan, [row], body, tags, lambda blk: Block((For(b_in, idx(0), rows, blk),)))
+    if plan.transpose:
+        tiles = _columns(plan, [row], body, tags,
+                         inside=lambda blk: Block((For(b_in, idx(0), rows, blk, "transpose"),)))
+    else:
+        tiles = _columns(plan, [row], body, tags, lambda blk: Block((For(b_in, idx(0), rows, blk),)))
     return For(b_out, idx(0), idx(-(-b_extent // GATHER_BLOCK)), Block((tiles,)))
 
 

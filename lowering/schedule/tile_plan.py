@@ -7,16 +7,17 @@ from dataclasses import dataclass, replace
 
 from te_autodiff.expr import Var, var
 
-from ..loop_ir import Block, Buffer, stride
-from .blocking import TILE_VECTORS, Blocking
+from ..loop_ir import Block, Buffer, For, stride
+from .blocking import GATHER_BLOCK, TILE_VECTORS, Blocking
 from .gather_block import gather_block
+from .ir import idx
 from .k_blocks import KBlocks, k_blocks, row_blocks
 from .nest import Nest, accesses_of, loop_ranges
 from .packing import copied, panel_copies
 from .peeling import Peel, peel
 from .register_tile import gemm_rows, roll_shared_broadcasts
 from .selects import if_to_select
-from .vector_axis import VectorAxis, chained_lanes, lanes_for, uncrowded_lanes
+from .vector_axis import VectorAxis, chained_lanes, lanes_for, transposed_lanes, uncrowded_lanes
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,9 @@ class TilePlan:
     vectors; with it come ``k_blocks`` (rule 7), ``row_block`` (row tiles
     per block of rows, rule 7), ``columns_first`` (column tiles outside the
     row tiles) and ``peel`` (rule 6b).  Without one, ``gather`` is ``(b,
-    extent)``: the loop visited in blocks (rule 8)."""
+    extent)``: the loop visited in blocks (rule 8), inside the vector loop
+    as a loop of kind ``transpose`` when ``transpose`` (every gather reads
+    contiguously along ``b``: rows transposed in registers)."""
 
     body: Block
     j: Var
@@ -49,6 +52,7 @@ class TilePlan:
     columns_first: bool = False
     peel: Peel | None = None
     gather: tuple | None = None
+    transpose: bool = False
 
 
 def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TilePlan:
@@ -66,8 +70,13 @@ def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TileP
     tiles = (var(f"{j.name}.t"), var(f"{i.name if i is not None else j.name}.t"))
     plan = TilePlan(body, j, j_extent, lanes, var(f"{j.name}.l"), tiles, axis.copies)
     if i is None:
+        gather = gather_block(nest, j, accesses, copied(plan.copies))
+        wide = None if gather is None else transposed_lanes(
+            lanes, accesses, j, For(gather[0], idx(0), idx(GATHER_BLOCK), body), body, bl)
+        if wide is not None:
+            return replace(plan, lanes=wide, gather=gather, transpose=True)
         return replace(plan, lanes=chained_lanes(uncrowded_lanes(lanes, accesses, j, bl), body, j_extent, bl),
-                       gather=gather_block(nest, j, accesses, copied(plan.copies)))
+                       gather=gather)
     return _register_tile(plan, nest, i, accesses, inner, out, bl)
 
 
