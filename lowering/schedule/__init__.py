@@ -129,6 +129,9 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
 9. **Parallel root** (``parallel_root.py``).  The outermost tile loop is the
    ``parallel`` root the runtime splits across threads; when it has fewer
    than ``MIN_ROOT`` iterations an output tile loop with more is moved out.
+   A root whose iterations, weighed by the work under each (a ragged last
+   row block counts less), leave a thread idle more than a tenth of the
+   time is collapsed with the loop inside it.
 
 Stages of a scan's time loop are scheduled like any other and stay in the
 loop; copies that compute the same values at every step (packed weights)

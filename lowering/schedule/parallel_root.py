@@ -3,9 +3,14 @@ runtime splits across threads, so it should have at least ``MIN_ROOT``
 iterations; an output tile loop with more is moved out when it has fewer.
 A root whose iterations do not share out evenly over the target's threads
 (3 over 2 keeps one thread idle a third of the time) is collapsed with the
-loop inside it (3 x 3 = 9: 5 and 4).  Either way each element is computed
-by the same operations; only which thread computes it changes."""
+loop inside it (3 x 3 = 9: 5 and 4).  Iterations are weighed by the work
+under them: a root over row blocks whose last block is ragged (15 blocks of
+6 rows of 86: the runtime's equal chunks give 48 and 38 rows) counts as
+unbalanced too.  Either way each element is computed by the same
+operations; only which thread computes it changes."""
 from __future__ import annotations
+
+from math import prod
 
 from te_autodiff.expr import Const, add, floordiv, mod, var
 
@@ -15,6 +20,7 @@ from .ir import idx
 from .nest import assemble, depends, trips
 
 BALANCED = 0.9               # a root whose equal chunks keep the threads at least this busy
+WEIGHED_ROOT = 4096          # root iterations weighed one by one at most (more: counted alike)
 
 
 def loop_chain(loop):
@@ -42,9 +48,32 @@ def choose_root(chain, movable=None):
     return chain
 
 
-def balance(n: int, threads: int) -> float:
-    """How busy ``threads`` threads are when ``n`` iterations are split in equal chunks."""
-    return n / (-(-n // threads) * threads) if n > 0 else 1.0
+def balance(work: list, threads: int) -> float:
+    """How busy ``threads`` threads are when iterations of these ``work``s are
+    split as the runtime splits a root: in equal contiguous chunks."""
+    step = -(-len(work) // threads)
+    most = max((sum(work[lo:lo + step]) for lo in range(0, len(work), step)), default=0)
+    return sum(work) / (most * threads) if most > 0 else 1.0
+
+
+def root_balance(chain, depth: int, threads: int) -> float:
+    """:func:`balance` of ``chain``'s ``depth`` outermost loops (constant
+    bounds) taken as one root, each iteration weighed by the trips of the
+    loops inside, evaluated there (``min(6, 86 - 6 j.b)`` rows in the last
+    block).  A root of more than ``WEIGHED_ROOT`` iterations, or one whose
+    inner loops do not depend on it, counts its iterations alike."""
+    outer, inner = chain[:depth], chain[depth:]
+    n = prod(trips(lp) for lp in outer)
+    if n > WEIGHED_ROOT or not any(depends([lp.extent], {x.var for x in outer}) for lp in inner):
+        return n / (-(-n // threads) * threads) if n > 0 else 1.0
+    points = [()]
+    for lp in outer:
+        points = [p + (lp.lo.value + v,) for p in points for v in range(trips(lp))]
+    work = []
+    for p in points:
+        mapping = {lp.var: idx(v) for lp, v in zip(outer, p)}
+        work.append(prod(trips(For(lp.var, lp.lo, substitute(lp.extent, mapping), None)) for lp in inner))
+    return balance(work, threads)
 
 
 def _collapsed(chain, body, movable, threads):
@@ -55,9 +84,10 @@ def _collapsed(chain, body, movable, threads):
         return chain, body
     a, b = chain[0], chain[1]
     if not all(isinstance(x, Const) for x in (a.lo, a.extent, b.lo, b.extent)) or \
-            (movable is not None and b.var not in movable) or \
-            balance(trips(a), threads) >= BALANCED or \
-            balance(trips(a) * trips(b), threads) <= balance(trips(a), threads):
+            (movable is not None and b.var not in movable):
+        return chain, body
+    alone = root_balance(chain, 1, threads)
+    if alone >= BALANCED or root_balance(chain, 2, threads) <= alone:
         return chain, body
     q = var(f"{a.var.name}.{b.var.name}")
     mapping = {a.var: add(a.lo, floordiv(q, b.extent)), b.var: add(b.lo, mod(q, b.extent))}
