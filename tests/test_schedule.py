@@ -575,23 +575,38 @@ def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(target):
     strided across its lanes and contiguously along ``i``, the loop of rule
     8's blocks.  That loop runs inside the lanes as a loop of kind
     ``transpose`` (rows loaded, a line of lanes, and transposed in
-    registers) wherever the blocks are whole; shapes with partial blocks or
-    tiles gather there.  Exact against numpy for every shape."""
+    registers): every whole block has a constant extent, a partial last
+    block (``cols % 16`` rows) is a loop of its own, and with four blocks or
+    more, when a column sweep's lines (one per source row) exceed L1, two
+    neighbouring blocks are visited together in each column tile.
+    Exact against numpy for every shape, the rows starting on a cache line
+    or 16 bytes past one (as numpy's large arrays do)."""
+    from lowering.runtime import _aligned
+
     line = te.target(target).cache_line // 4
     for rows, cols, dtype in ((1024, 1024, "float32"), (1040, 1000, "float32"), (37, 50, "float32"),
-                              (512, 256, "float64")):
+                              (512, 256, "float64"), (64, 48, "float32"), (96, 40, "float32")):
         A = te.placeholder((rows, cols), dtype, "A")
         T = te.compute((cols, rows), lambda i, j: A[j, i], name="T")
         kernel = te.build([A], [T], target=target)
         loops = [x for st in kernel.program.stages for x in walk(st.body)]
-        if rows % line == 0 and cols % 16 == 0:
-            assert any(isinstance(x, For) and x.kind == "transpose" for x in loops), (rows, cols, dtype)
+        extents = {x.extent.value for x in loops if isinstance(x, For) and x.kind == "transpose"}
+        assert extents == ({16} if cols >= 16 else set()) | ({cols % 16} if cols % 16 else set()), (rows, cols)
+        pairs = [x for x in loops if isinstance(x, For) and x.var.name == "i.s"]
+        t = te.target(target)
+        assert bool(pairs) == (-(-cols // 16) >= 4 and rows * t.cache_line > t.l1_bytes), (rows, cols)
+        if rows % line == 0:
             item = np.dtype(dtype).itemsize
             assert {x.lanes for x in loops if isinstance(x, Simd)} == {
                 max(te.target(target).lanes(item), min(64 // item, 2 * te.target(target).lanes(item)))}
         run = kernel if kernel.target.missing_on_host() is None else te.build([A], [T], target="host")
         a = RNG.standard_normal((rows, cols)).astype(dtype)
-        np.testing.assert_array_equal(run(a), a.T)
+        flat = _aligned((rows * cols + 64,), dtype, 64)[0]
+        for offset in (0, 16):              # bytes past a cache line, as numpy's large arrays start
+            start = offset // np.dtype(dtype).itemsize
+            placed = flat[start:start + rows * cols].reshape(rows, cols)
+            placed[...] = a
+            np.testing.assert_array_equal(run(placed), a.T)
 
 
 @pytest.mark.parametrize("name,rolled", [("haswell", True), ("skylake-avx512", False)])

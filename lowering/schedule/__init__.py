@@ -125,7 +125,10 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    line (``vector_axis.transposed_lanes``): the code generator loads rows
    and transposes them in registers.  A 1024 x 1024 float32 transpose on an
    AMD EPYC Zen 5: 0.207 -> 0.16 ms built for AVX2, 0.219 -> 0.21 for
-   AVX-512.
+   AVX-512.  A partial last block is a loop of its own (every whole block
+   keeps a constant extent, so only the last gathers), and where a column
+   sweep reads more lines than L1 holds, neighbouring blocks are visited
+   together (``tile_plan.blocks_together``).
 9. **Parallel root** (``parallel_root.py``).  The outermost tile loop is the
    ``parallel`` root the runtime splits across threads; when it has fewer
    than ``MIN_ROOT`` iterations an output tile loop with more is moved out.

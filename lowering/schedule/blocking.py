@@ -18,6 +18,7 @@ SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element
 SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split (rule 1)
 PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead (rule 5)
 GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers (rule 8)
+TRANSPOSE_BLOCKS = 2         # gather blocks a transposing copy visits together per column tile (rule 8)
 UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fully when shorter; rule 6)
 MATH_CHAINS = 2              # vectors per step of a body applying exp, tanh... (squared for tanh(sigmoid): chained_lanes)
 

@@ -109,19 +109,39 @@ def _columns_first(plan: TilePlan, body, segments, tags) -> For:
 
 def _gather_blocks(plan: TilePlan, body, tags) -> For:
     """Rule 8: blocks of ``GATHER_BLOCK`` rows of ``b``, each visited inside
-    every column tile: around the vector loop, or inside it as a loop of
-    kind ``transpose`` (``plan.transpose``)."""
+    every column tile, ``plan.together`` neighbouring blocks one after the
+    other (``tile_plan.blocks_together``): around the vector loop, or inside
+    it as a loop of kind ``transpose`` (``plan.transpose``), where a partial
+    last block is a loop of its own so that every whole one has a constant
+    extent (transposed in registers; only the last gathers)."""
     b, b_extent = plan.gather
-    b_out, b_in = var(f"{b.name}.b"), var(f"{b.name}.i")
-    rows = idx(GATHER_BLOCK) if b_extent % GATHER_BLOCK == 0 else minimum(
-        idx(GATHER_BLOCK), sub(idx(b_extent), mul(b_out, idx(GATHER_BLOCK))))
-    row = {b: add(mul(b_out, idx(GATHER_BLOCK)), b_in)}
-    if plan.transpose:
-        tiles = _columns(plan, [row], body, tags,
-                         inside=lambda blk: Block((For(b_in, idx(0), rows, blk, "transpose"),)))
+    blocks, (full, rest) = -(-b_extent // GATHER_BLOCK), divmod(b_extent, GATHER_BLOCK)
+    b_in, together = var(f"{b.name}.i"), plan.together
+    if together > 1:
+        outer, b_sub = var(f"{b.name}.g"), var(f"{b.name}.s")
+        block = add(mul(outer, idx(together)), b_sub)
+        subs = idx(together) if blocks % together == 0 else minimum(
+            idx(together), sub(idx(blocks), mul(outer, idx(together))))
+
+        def wrap(blk):
+            return Block((For(b_sub, idx(0), subs, blk),))
     else:
-        tiles = _columns(plan, [row], body, tags, lambda blk: Block((For(b_in, idx(0), rows, blk),)))
-    return For(b_out, idx(0), idx(-(-b_extent // GATHER_BLOCK)), Block((tiles,)))
+        outer = block = var(f"{b.name}.b")
+
+        def wrap(blk):
+            return blk
+    row = {b: add(mul(block, idx(GATHER_BLOCK)), b_in)}
+    if plan.transpose:
+        def inside(blk):
+            def rows(n):
+                return Block((For(b_in, idx(0), idx(n), blk, "transpose"),))
+            return rows(GATHER_BLOCK) if rest == 0 else Block((If(lt(block, full), rows(GATHER_BLOCK), rows(rest)),))
+        tiles = _columns(plan, [row], body, tags, wrap, inside)
+    else:
+        n_rows = idx(GATHER_BLOCK) if rest == 0 else minimum(
+            idx(GATHER_BLOCK), sub(idx(b_extent), mul(block, idx(GATHER_BLOCK))))
+        tiles = _columns(plan, [row], body, tags, lambda blk: wrap(Block((For(b_in, idx(0), n_rows, blk),))))
+    return For(outer, idx(0), idx(-(-blocks // together)), Block((tiles,)))
 
 
 def _tile_loops(plan: TilePlan, body):

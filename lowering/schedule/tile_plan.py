@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from te_autodiff.expr import Var, var
 
 from ..loop_ir import Block, Buffer, For, stride
-from .blocking import GATHER_BLOCK, TILE_VECTORS, Blocking
+from .blocking import GATHER_BLOCK, TILE_VECTORS, TRANSPOSE_BLOCKS, Blocking
 from .gather_block import gather_block
 from .ir import idx
 from .k_blocks import KBlocks, k_blocks, row_blocks
@@ -34,7 +34,8 @@ class TilePlan:
     row tiles) and ``peel`` (rule 6b).  Without one, ``gather`` is ``(b,
     extent)``: the loop visited in blocks (rule 8), inside the vector loop
     as a loop of kind ``transpose`` when ``transpose`` (every gather reads
-    contiguously along ``b``: rows transposed in registers)."""
+    contiguously along ``b``: rows transposed in registers), ``together``
+    neighbouring blocks in each column tile."""
 
     body: Block
     j: Var
@@ -53,6 +54,7 @@ class TilePlan:
     peel: Peel | None = None
     gather: tuple | None = None
     transpose: bool = False
+    together: int = 1
 
 
 def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TilePlan:
@@ -74,10 +76,29 @@ def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TileP
         wide = None if gather is None else transposed_lanes(
             lanes, accesses, j, For(gather[0], idx(0), idx(GATHER_BLOCK), body), body, bl)
         if wide is not None:
-            return replace(plan, lanes=wide, gather=gather, transpose=True)
+            return replace(plan, lanes=wide, gather=gather, transpose=True,
+                           together=blocks_together(j_extent, gather[1], bl))
         return replace(plan, lanes=chained_lanes(uncrowded_lanes(lanes, accesses, j, bl), body, j_extent, bl),
                        gather=gather)
     return _register_tile(plan, nest, i, accesses, inner, out, bl)
+
+
+def blocks_together(rows: int, extent: int, bl: Blocking) -> int:
+    """Rule 8's blocks a transposing copy visits together in each column
+    tile: ``TRANSPOSE_BLOCKS`` when a column sweep over its ``rows`` source
+    rows (a line each per block) reads more than L1 holds and there are at
+    least twice that many blocks, else 1.  Its row loads are a cache line
+    wide; on rows that do not start on a line (numpy's large arrays are 16
+    bytes past one) each load touches two lines, the second one the next
+    block's first, which the sweep has evicted by the time that block comes:
+    visited next, the block finds it in L1 (three lines read for two, not
+    four).  1024 x 1024 float32 transpose from a numpy array, AMD EPYC Zen
+    5: 0.165 -> 0.131 ms with AVX-512, 0.125 -> 0.121 built for AVX2; rows
+    starting on a line 0.111 -> 0.106 and 0.122 -> 0.111; rows of 1008
+    elements unchanged."""
+    blocks = -(-extent // GATHER_BLOCK)
+    sweep = rows * bl.target.cache_line
+    return TRANSPOSE_BLOCKS if sweep > bl.target.l1_bytes and blocks >= 2 * TRANSPOSE_BLOCKS else 1
 
 
 def _register_tile(plan: TilePlan, nest: Nest, i: Var, accesses, inner: dict, out: Buffer,
