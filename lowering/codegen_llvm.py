@@ -56,7 +56,7 @@ from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 from te_autodiff.visit import topo_order
 
 from .fast_math import FAST_MATH, FAST_MATH_F64
-from .loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
+from .loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
                       Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
                       stage_buffers, stmt_exprs, stride, substitute, walk)
 from . import share
@@ -295,6 +295,7 @@ _EXPR = {
     BufLoad: lambda fe, e, v: fe.load(e, v[0]),
     GuardedLoad: lambda fe, e, v: fe.load(e, v[0], v[1]),
     LaneReduce: lambda fe, e, v: fe.lane_reduce(e, v[0]),
+    AlignGap: lambda fe, e, v: fe.align_gap(e),
     Local: lambda fe, e, v: fe.b.load(fe.locals[e], typ=fe.local_type[e]),
 }
 
@@ -506,6 +507,12 @@ class _FunctionEmitter(_Emitter):
         if first == 0:
             return ptr
         return self.b.gep(ptr, [ir.Constant(I64, first)], inbounds=True, source_etype=MEMORY_TYPE[buf.dtype])
+
+    def align_gap(self, e: AlignGap):
+        """``(-address) mod bytes`` of ``e.buffer``'s start, in elements (the
+        runtime passes arrays aligned to their element)."""
+        gap = self.b.and_(self.b.neg(self.b.ptrtoint(self.ptr[e.buffer], I64)), ir.Constant(I64, e.bytes - 1))
+        return self.b.lshr(gap, ir.Constant(I64, _ITEMSIZE[e.buffer.dtype].bit_length() - 1))
 
     def _address(self, buf, index):
         ptr = self.b.gep(self.ptr[buf], [index], inbounds=True, source_etype=MEMORY_TYPE[buf.dtype])
@@ -936,7 +943,7 @@ class _FunctionEmitter(_Emitter):
         self.b.position_at_end(cont)
 
 
-_LEAVES = (BufLoad, GuardedLoad, LaneReduce, Local, Var, Const)
+_LEAVES = (BufLoad, GuardedLoad, LaneReduce, AlignGap, Local, Var, Const)
 
 _STMT = {
     Block: lambda fe, s: [fe.stmt(x) for x in s.stmts],

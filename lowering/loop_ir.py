@@ -1,9 +1,10 @@
 """Loop IR: buffers, loop nests, stores and local scalars; immutable and printable.
 
 Expressions reuse the hash-consed nodes of ``te_autodiff.expr`` (Const, Var,
-BinOp, Cmp, Logic, Unary, Select, Cast) plus two leaves of their own:
-:class:`BufLoad` (one element of a flat buffer) and :class:`Local` (a scalar
-variable declared by :class:`Alloc` and written by :class:`Assign`).  Loop IR
+BinOp, Cmp, Logic, Unary, Select, Cast) plus leaves of their own:
+:class:`BufLoad` (one element of a flat buffer), :class:`Local` (a scalar
+variable declared by :class:`Alloc` and written by :class:`Assign`) and
+:class:`AlignGap` (how far into an input its first aligned address lies).  Loop IR
 expressions are pure and cannot fault: anything that may (a guarded read, a
 reduction) has been turned into statements by ``lower.py``.
 
@@ -99,6 +100,23 @@ class LaneReduce(Expr):
         return f"<LaneReduce {expr_text(self)}>"
 
 
+class AlignGap(Expr):
+    """The elements from the start of ``buffer`` to its first address that is
+    a multiple of ``bytes`` (a power of two), known at run time only: an
+    input may be any numpy array (large ones start 16 bytes past a cache
+    line).  A schedule starts a vector grid there so that the loads of
+    whole vectors are aligned (``schedule/aligned_grid.py``)."""
+
+    __slots__ = ("buffer", "bytes")
+    fields = ("buffer", "bytes")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", "int64")
+
+    def __repr__(self):
+        return f"<AlignGap {expr_text(self)}>"
+
+
 class Local(Expr):
     """A scalar local variable, unique by ``name`` within one stage."""
 
@@ -120,6 +138,8 @@ def children(e: Expr) -> tuple:
         return (e.index, e.cond)
     if isinstance(e, LaneReduce):
         return (e.value,)
+    if isinstance(e, AlignGap):
+        return ()
     return te_children(e)
 
 
@@ -331,17 +351,18 @@ def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind, store=_sto
 
 
 
-def loads_in(exprs, visited: set):
-    """The buffer reads (:class:`BufLoad`, :class:`GuardedLoad`) inside
-    ``exprs``, depth first, skipping nodes in ``visited`` (which it extends:
-    pass one set to visit a shared sub-expression once across calls)."""
+def loads_in(exprs, visited: set, kinds=(BufLoad, GuardedLoad)):
+    """The buffer reads (:class:`BufLoad`, :class:`GuardedLoad`; other
+    ``kinds`` of node that name a buffer) inside ``exprs``, depth first,
+    skipping nodes in ``visited`` (which it extends: pass one set to visit
+    a shared sub-expression once across calls)."""
     stack = list(exprs)
     while stack:
         e = stack.pop()
         if e in visited:
             continue
         visited.add(e)
-        if isinstance(e, (BufLoad, GuardedLoad)):
+        if isinstance(e, kinds):
             yield e
         stack += children(e)
 
@@ -356,9 +377,10 @@ def stage_buffers(stage: Stage):
     for s in walk(stage.body):
         if isinstance(s, Store):            # a fused stage stores into several buffers
             seen.setdefault(s.buffer, None)
-        for load in loads_in(stmt_exprs(s), visited):
-            seen.setdefault(load.buffer, None)
-            loaded.add(load.buffer)
+        for use in loads_in(stmt_exprs(s), visited, (BufLoad, GuardedLoad, AlignGap)):
+            seen.setdefault(use.buffer, None)
+            if not isinstance(use, AlignGap):       # its address only
+                loaded.add(use.buffer)
     return list(seen), loaded
 
 def map_loads(e: Expr, fn) -> Expr:
@@ -421,6 +443,13 @@ class _Printer:
         terms, constant = form
         atoms = sorted(f"{k}*{self.expr(atom)}:{atom.dtype}" for atom, k in terms.items())
         return f"{name}[{' + '.join(atoms + [str(constant - offset)])}:{index.dtype}]"
+
+    def align_gap(self, e) -> str:
+        if self.slots is None:
+            return f"align_gap({e.buffer.name}, {e.bytes})"
+        # the slot's pointer is ``offset`` elements into the buffer: its gap differs by that much
+        name, offset = self.slots[e.buffer]
+        return f"align_gap({name}, {e.bytes}, past {offset % (e.bytes // e.buffer.itemsize)})"
 
     def local(self, x) -> str:
         if self.slots is None:
@@ -519,6 +548,7 @@ _FORMAT = {
     Select: lambda p, e: p.call("select", (e.cond, 0), (e.a, 0), (e.b, 0)),
     BufLoad: lambda p, e: (p.access(e.buffer, e.index), 3),
     LaneReduce: lambda p, e: p.call(f"{e.op}_lanes", (e.value, 0)),
+    AlignGap: lambda p, e: (p.align_gap(e), 3),
     GuardedLoad: _guarded_load,
     Local: lambda p, e: (p.local(e), 3),
     Load: _load,

@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .loop_ir import (Buffer, Stage, Store, from_linear, linear_form, loads_in, map_stmt,
+from te_autodiff.expr import add, const, mod
+
+from .loop_ir import (AlignGap, Buffer, Stage, Store, from_linear, linear_form, loads_in, map_stmt,
                       stage_buffers, stmt_exprs, stmt_text, substituter, walk, with_load)
 
 
@@ -88,7 +90,15 @@ def _rewrite(body, buffer_map: dict, shift: dict):
             return x
         return with_load(x, buffer_map[x.buffer], index(x.buffer, x.index))
 
-    expr = substituter({}, load)
+    def gap(x):
+        if not isinstance(x, AlignGap) or x.buffer not in buffer_map:
+            return x
+        # the old buffer starts shift[b] elements into the new one: its gap is that much less
+        new, n = AlignGap(buffer_map[x.buffer], x.bytes), x.bytes // x.buffer.itemsize
+        back = -shift.get(x.buffer, 0) % n
+        return new if back == 0 else mod(add(new, const(back, "int64")), const(n, "int64"))
+
+    expr = substituter({}, load, gap)
 
     def store(s, expr):
         return Store(buffer_map.get(s.buffer, s.buffer), index(s.buffer, expr(s.index)), expr(s.value))

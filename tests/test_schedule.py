@@ -1,5 +1,7 @@
 """The automatic schedule (lowering/schedule/), the vector code it leads to,
 the inline math functions (lowering/fast_math.py) and the native runner."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,6 +13,7 @@ from lowering.loop_ir import For, If, Simd, expr_text, stmt_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
+from lowering.schedule.blocking import ALIGN_MIN_VECTORS
 from lowering.schedule.residues import MAX_RESIDUES
 
 RNG = np.random.default_rng(2024)
@@ -607,6 +610,89 @@ def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(target):
             placed = flat[start:start + rows * cols].reshape(rows, cols)
             placed[...] = a
             np.testing.assert_array_equal(run(placed), a.T)
+
+
+def _placed(a, offset: int):
+    """A copy of ``a`` starting ``offset`` bytes past a 64-byte boundary."""
+    flat = runtime._aligned((a.nbytes + 64,), np.uint8, 64)[0]
+    placed = flat[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
+    placed[...] = a
+    return placed
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_align_gap_counts_the_elements_before_the_first_aligned_address(dtype):
+    """``align_gap(X, bytes)``, read at run time from the array passed, for
+    every element offset of ``X`` from a 64-byte boundary."""
+    from lowering.loop_ir import AlignGap, Store, map_stmt
+    from te_autodiff.expr import cast
+
+    X = te.placeholder((64,), dtype, "X")
+    outs = [te.compute((1,), lambda i: X[i] * k, name=name) for name, k in (("Y", 1.0), ("Z", 2.0))]
+    plain = lower([X], outs)
+    x = plain.inputs[0]
+    stages = [replace(st, body=map_stmt(st.body, lambda e: e, store=lambda s, expr, n=n: Store(
+        s.buffer, expr(s.index), cast(dtype, AlignGap(x, n))))) for st, n in zip(plain.stages, (64, 32))]
+    program = replace(plain, stages=tuple(stages))
+    assert "align_gap(X, 64)" in str(program)
+    compiled = runtime.compile_program(program, te.target())
+    item = np.dtype(dtype).itemsize
+    for offset in range(0, 64, item):
+        storage = runtime.execute(program, compiled, [_placed(np.zeros(64, dtype), offset)])
+        got = [storage[b][0] for b in program.results]
+        assert got == [(-offset) % 64 // item, (-offset) % 32 // item], offset
+
+
+def _aligned_grid_loss(n: int, m: int):
+    """``sum A[2j + 1, i] H[i, j]`` over ``i < n``, ``j < m`` (the strided benchmark kernel's loss)."""
+    A = te.placeholder((2 * m, n), "float32", "A")
+    H = te.placeholder((n, m), "float32", "H")
+    i, j = te.reduce_axis(n, "i"), te.reduce_axis(m, "j")
+    return [A, H], te.compute((1,), lambda _: te.sum(A[2 * j + 1, i] * H[i, j], axis=[i, j]), name="loss")
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+def test_vector_grids_start_on_the_lines_of_the_input_they_read(target):
+    """Where loops over rows run inside a vector loop (a reduction in lanes
+    with rows inside, a transposing copy whose column sweep exceeds L1),
+    the whole vectors start on the cache lines of the input read along the
+    lanes (``align_gap``), and the iterations before and after them run on
+    their own; loops of fewer than ``ALIGN_MIN_VECTORS`` vectors, rows that
+    do not all start at the same place in a vector (1000 float32 in 16
+    lanes), sweeps that fit L1 and reads from two inputs along the lanes
+    keep their grid.  Every placement of the inputs, element by element within
+    a line, gives numpy's result."""
+    t = te.target(target)
+    run_target = target if t.missing_on_host() is None else "host"
+    for n, m in ((256, 512), (64, 1024), (256, 64), (256, 1000)):
+        inputs, loss = _aligned_grid_loss(n, m)
+        kernel = te.build(inputs, [loss], target=target)
+        lanes = max(x.lanes for st in kernel.program.stages for x in walk(st.body) if isinstance(x, Simd))
+        shifted = m % lanes == 0 and m >= ALIGN_MIN_VECTORS * lanes
+        assert ("align_gap(H, " in kernel.scheduled_ir) == shifted, (n, m)
+        run = te.build(inputs, [loss], target=run_target)
+        a = RNG.standard_normal((2 * m, n)).astype(np.float32)
+        h = RNG.standard_normal((n, m)).astype(np.float32)
+        want = np.sum(a[1::2].T.astype(np.float64) * h)
+        for oa, oh in ((0, 0), (16, 16), (4, 60), (48, 8), (60, 32)):
+            np.testing.assert_allclose(run(_placed(a, oa), _placed(h, oh))[0], want, rtol=2e-5)
+    for rows, cols, dtype, shifted in ((1024, 256, "float32", True), (1024, 128, "float64", True),
+                                       (1024, 1000, "float32", False), (1024, 64, "float32", False),
+                                       (256, 256, "float32", False)):
+        A = te.placeholder((rows, cols), dtype, "A")
+        T = te.compute((cols, rows), lambda i, j: A[j, i], name="T")
+        kernel = te.build([A], [T], target=target)
+        assert ("align_gap(A, " in kernel.scheduled_ir) == shifted, (rows, cols)
+        run = te.build([A], [T], target=run_target)
+        a = RNG.standard_normal((rows, cols)).astype(dtype)
+        item = np.dtype(dtype).itemsize
+        for offset in range(0, 64, 3 * item):
+            np.testing.assert_array_equal(run(_placed(a, offset)), a.T)
+    X = te.placeholder((256, 512), "float32", "X")        # two inputs read along the lanes
+    i, j = te.reduce_axis(256, "i"), te.reduce_axis(512, "j")
+    inputs, loss = _aligned_grid_loss(256, 512)
+    both = te.compute((1,), lambda _: te.sum(inputs[1][i, j] * X[i, j] * inputs[0][2 * j + 1, i], axis=[i, j]))
+    assert "align_gap" not in te.build(inputs + [X], [both], target=target).scheduled_ir
 
 
 @pytest.mark.parametrize("name,rolled", [("haswell", True), ("skylake-avx512", False)])

@@ -115,3 +115,37 @@ def test_steps_at_offset_zero_and_with_their_terms_in_another_order_are_one_temp
     template, members = groups[0]
     assert [dict(m.slots)[x] for m in members] == [0, 16]
     assert share.slot_buffers(template)[1].shape == (16,)      # the fewest elements past a pointer: 32 - 16
+
+
+def test_an_alignment_gap_in_a_template_is_that_of_each_instances_buffer():
+    """Stages that read ``X`` at element 4, 20 and 8 and store ``align_gap(X,
+    64)``: the offsets move into the slot's pointer, so the template's gap
+    is the pointer's, corrected by the offset it moved (4 and 20, equal
+    modulo a line of elements, share one template; 8 has its own).  Each
+    stage gives the gap of ``X`` itself for every placement of ``X``."""
+    from dataclasses import replace
+
+    from lowering import runtime
+    from lowering.codegen_llvm import stage_groups
+    from lowering.loop_ir import AlignGap, map_stmt
+    from lowering.lower import lower
+    from te_autodiff.expr import cast, compare, const, select
+
+    X = te.placeholder((64,), "float32", "X")
+    plain = lower([X], [te.compute((1,), lambda i, c=c: X[i + c] * 1.5, name=f"Y{c}") for c in (4, 20, 8)])
+
+    def store(s, expr):      # the gap, behind a test the read keeps (X is never that large)
+        v = expr(s.value)
+        return Store(s.buffer, expr(s.index),
+                     select(compare("gt", v, const(1e30, "float32")), v, cast("float32", AlignGap(plain.inputs[0], 64))))
+
+    program = replace(plain, stages=tuple(replace(st, body=map_stmt(st.body, lambda e: e, store=store))
+                                          for st in plain.stages))
+    assert [len(members) for _, members in stage_groups(program, te.target())] == [2, 1]
+    compiled = runtime.compile_program(program, te.target())
+    for offset in range(0, 64, 4):
+        flat = runtime._aligned((256 + 64,), np.uint8, 64)[0]
+        x = flat[offset:offset + 256].view(np.float32)
+        x[...] = 1.0
+        storage = runtime.execute(program, compiled, [x])
+        assert [storage[b][0] for b in program.results] == [(-offset) % 64 // 4] * 3, offset

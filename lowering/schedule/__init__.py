@@ -14,7 +14,10 @@ Each rule first decides a plan from the nest and the target, then builds it.
 
 Determinism: every rule below either keeps each element's sequence of
 operations (vector lanes, tiles, K blocks, loop order) or reassociates a
-reduction in one fixed way that depends on the shapes only (lanes, parts).
+reduction in one fixed way that depends on the shapes (lanes, parts) and,
+for a reduction in lanes with rows inside, on where in a cache line the
+input read along the lanes starts (``aligned_grid.py``): the same arrays
+give the same bits, a copy placed elsewhere may differ in the last bits.
 The thread count only decides which thread runs which root iterations, so
 every run and every thread count gives the same bits.
 
@@ -53,7 +56,11 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    innermost reduction loop is scored the same way: when it wins (a row
    reduction such as a softmax denominator) each element's reduction runs
    in vector lanes (``lane_reduction.py``; a reduction shorter than a
-   vector, half a vector or more).  Otherwise the best output axis
+   vector, half a vector or more); with loops over rows inside the lanes'
+   loop, its vectors start where the lines of the input read along it
+   start, found at run time (``aligned_grid.py``: numpy's large arrays
+   start 16 bytes past a line, and the rows inside evict a split load's
+   second line before the next vector comes back for it).  Otherwise the best output axis
    ``j`` becomes a :class:`~lowering.loop_ir.Simd` loop of one native
    vector of lanes (``Blocking.lanes``: 16 float32 on AVX-512, 8 on AVX2),
    the last vector masked.  A vector loop gathering from rows whose lines
@@ -128,7 +135,9 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    AVX-512.  A partial last block is a loop of its own (every whole block
    keeps a constant extent, so only the last gathers), and where a column
    sweep reads more lines than L1 holds, neighbouring blocks are visited
-   together (``tile_plan.blocks_together``).
+   together (``tile_plan.blocks_together``) and, with ``ALIGN_MIN_VECTORS``
+   blocks or more, start where the source's lines start (the last block
+   wraps around and gathers; ``aligned_grid.py``).
 9. **Parallel root** (``parallel_root.py``).  The outermost tile loop is the
    ``parallel`` root the runtime splits across threads; when it has fewer
    than ``MIN_ROOT`` iterations an output tile loop with more is moved out.

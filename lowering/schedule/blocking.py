@@ -19,6 +19,8 @@ SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are 
 PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead (rule 5)
 GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers (rule 8)
 TRANSPOSE_BLOCKS = 2         # gather blocks a transposing copy visits together per column tile (rule 8)
+ALIGN_MIN_VECTORS = 8        # a grid shifted onto an input's lines leaves one vector (block) in this many to
+                             # gathers: shorter loops keep theirs (aligned_grid.py)
 UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fully when shorter; rule 6)
 MATH_CHAINS = 2              # vectors per step of a body applying exp, tanh... (squared for tanh(sigmoid): chained_lanes)
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from itertools import count
 
-from te_autodiff.expr import Const, Var, add, mul, var
+from te_autodiff.expr import Const, Var, add, compare, floordiv, mul, sub, var
 
 from ..loop_ir import Alloc, Assign, Block, For, If, LaneReduce, Local, Simd, Stage, rename, stride, walk
-from .blocking import SUM_RUN, Blocking, pow2_floor
+from .aligned_grid import grid_shift
+from .blocking import ALIGN_MIN_VECTORS, SUM_RUN, Blocking, pow2_floor
 from .ir import as_block, idx
 from .jam import jam
 from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
@@ -97,25 +98,27 @@ def _allocs(accs, locals_) -> tuple:
     return tuple(Alloc(locals_[acc], ident) for acc, _, ident in accs)
 
 
-def _steps(p: _LanePlan, lane: Var):
+def _steps(p: _LanePlan, lane: Var, grid: tuple):
     """``(first, chain)``: the reduction index a lane starts from and the loops
-    over the whole vectors, in runs of ``SUM_RUN`` vectors when the loop is
-    long and alone (the rounding error grows with a run, not the total)."""
+    over the whole vectors (``grid``: ``(start, count)``), in runs of
+    ``SUM_RUN`` vectors when the loop is long and alone (the rounding error
+    grows with a run, not the total)."""
     v, lanes = p.loop, p.lanes
-    full = v.extent.value // lanes
-    if not p.rest and full >= 8 * SUM_RUN and full % SUM_RUN == 0:
+    start, full = grid
+    if not p.rest and isinstance(full, Const) and full.value >= 8 * SUM_RUN and full.value % SUM_RUN == 0:
         outer_b, inner_b = var(f"{v.var.name}.bo"), var(f"{v.var.name}.bi")
-        first = add(v.lo, add(mul(add(mul(outer_b, idx(SUM_RUN)), inner_b), idx(lanes)), lane))
-        return first, [For(outer_b, idx(0), idx(full // SUM_RUN), None), For(inner_b, idx(0), idx(SUM_RUN), None)]
+        first = add(start, add(mul(add(mul(outer_b, idx(SUM_RUN)), inner_b), idx(lanes)), lane))
+        return first, [For(outer_b, idx(0), idx(full.value // SUM_RUN), None),
+                       For(inner_b, idx(0), idx(SUM_RUN), None)]
     block = var(f"{v.var.name}.b")
-    return add(v.lo, add(mul(block, idx(lanes)), lane)), [For(block, idx(0), idx(full), None)] + list(p.rest)
+    return add(start, add(mul(block, idx(lanes)), lane)), [For(block, idx(0), full, None)] + list(p.rest)
 
 
-def _whole_vectors(p: _LanePlan, lane: Var, parts: dict):
+def _whole_vectors(p: _LanePlan, lane: Var, parts: dict, grid: tuple):
     """The loops over the whole vectors of the reduction, adding into the lane
     partials ``parts``; a sum whose innermost loop is long adds each pass of
     it into a running total first."""
-    first, chain = _steps(p, lane)
+    first, chain = _steps(p, lane, grid)
     if all(op == "add" for _, op, _ in p.accs) and len(chain) > 1 and trips(chain[-1]) >= 16:
         runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in p.accs}
         last = chain[-1]
@@ -143,18 +146,30 @@ def reduce_in_lanes(body: Block, bl: Blocking, min_trips: int = 0):
     contiguous; the loop along which the remaining gathers move least is put
     innermost, so the lines a gather touches are reused; a long sum is added
     up in blocks (the rounding error grows with the block, not the total).
-    Returns the new body or None when no loop nest qualifies."""
+    With loops inside the lanes' loop, its whole vectors start where the
+    lines of the input read along it start (a run-time shift,
+    :func:`~lowering.schedule.aligned_grid.grid_shift`), the iterations
+    before and after them in masked lanes.  Returns the new body or None
+    when no loop nest qualifies."""
     p = _lane_plan(body, bl, min_trips)
     if p is None:
         return None
-    v, n = p.loop, p.loop.extent.value
+    v, n, w = p.loop, p.loop.extent.value, p.lanes
     lane = var(f"{v.var.name}.l")
     parts = {acc: Local(f"{acc.name}.lanes", acc.dtype) for acc, _, _ in p.accs}
-    out = [_lanes_loop(p, lane, idx(p.lanes), _whole_vectors(p, lane, parts), parts)]
-    if n % p.lanes:                      # the leftover iterations, in masked lanes, after the rest
-        start = add(v.lo, add(idx(n // p.lanes * p.lanes), lane))
-        out.append(_lanes_loop(p, lane, idx(n % p.lanes), _around(p.rest, rename(p.inner, {v.var: start, **parts})),
-                               parts))
+    shift = None if not p.rest or n < ALIGN_MIN_VECTORS * w or not isinstance(v.lo, Const) else grid_shift(
+        accesses_of(p.inner), v.var, v.lo.value, w, bl.target.cache_line)
+    if shift is None:
+        grid, leftovers = (v.lo, idx(n // w)), [(add(v.lo, idx(n // w * w)), idx(n % w))] if n % w else []
+    else:
+        full = floordiv(sub(idx(n), shift), idx(w))
+        after = add(shift, mul(full, idx(w)))
+        grid = (add(v.lo, shift), full)
+        leftovers = [(v.lo, shift), (add(v.lo, after), sub(idx(n), after))]
+    out = [_lanes_loop(p, lane, idx(w), _whole_vectors(p, lane, parts, grid), parts)]
+    for start, count in leftovers:       # the leftover iterations, in masked lanes, after the rest
+        loop = _lanes_loop(p, lane, count, _around(p.rest, rename(p.inner, {v.var: add(start, lane), **parts})), parts)
+        out.append(loop if isinstance(count, Const) else If(compare("gt", count, idx(0)), Block((loop,))))
     return Block(tuple(body.stmts[:p.k]) + tuple(out) + tuple(body.stmts[p.k + 1:]))
 
 

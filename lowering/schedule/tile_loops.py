@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from itertools import count
 
-from te_autodiff.expr import Var, add, minimum, mul, sub, var
+from te_autodiff.expr import Var, add, compare, minimum, mod, mul, sub, var
 
-from ..loop_ir import Block, For, If, Simd, Stage
+from ..loop_ir import Block, For, If, Simd, Stage, rename
 from .blocking import GATHER_BLOCK
 from .ir import as_block, idx, lt
 from .jam import jam
@@ -130,8 +130,17 @@ def _gather_blocks(plan: TilePlan, body, tags) -> For:
 
         def wrap(blk):
             return blk
-    row = {b: add(mul(block, idx(GATHER_BLOCK)), b_in)}
-    if plan.transpose:
+    first = mul(block, idx(GATHER_BLOCK)) if plan.shift is None else add(plan.shift, mul(block, idx(GATHER_BLOCK)))
+    row = {b: add(first, b_in)}
+    if plan.transpose and plan.shift is not None:
+        def inside(blk):
+            # the last block wraps around: its rows from first to the end, then those before shift
+            wrapped = rename(blk, {b_in: sub(mod(add(first, b_in), idx(b_extent)), first)})
+            return Block((If(compare("le", first, idx(b_extent - GATHER_BLOCK)),
+                             Block((For(b_in, idx(0), idx(GATHER_BLOCK), blk, "transpose"),)),
+                             Block((For(b_in, idx(0), idx(GATHER_BLOCK), wrapped),))),))
+        tiles = _columns(plan, [row], body, tags, wrap, inside)
+    elif plan.transpose:
         def inside(blk):
             def rows(n):
                 return Block((For(b_in, idx(0), idx(n), blk, "transpose"),))

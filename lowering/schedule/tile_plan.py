@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from te_autodiff.expr import Var, var
 
 from ..loop_ir import Block, Buffer, For, stride
-from .blocking import GATHER_BLOCK, TILE_VECTORS, TRANSPOSE_BLOCKS, Blocking
+from .aligned_grid import grid_shift
+from .blocking import ALIGN_MIN_VECTORS, GATHER_BLOCK, TILE_VECTORS, TRANSPOSE_BLOCKS, Blocking
 from .gather_block import gather_block
 from .ir import idx
 from .k_blocks import KBlocks, k_blocks, row_blocks
@@ -35,7 +36,9 @@ class TilePlan:
     extent)``: the loop visited in blocks (rule 8), inside the vector loop
     as a loop of kind ``transpose`` when ``transpose`` (every gather reads
     contiguously along ``b``: rows transposed in registers), ``together``
-    neighbouring blocks in each column tile."""
+    neighbouring blocks in each column tile, the blocks starting ``shift``
+    (a run-time expression) into ``b`` so that the rows are read from the
+    starts of the source's lines (:mod:`~lowering.schedule.aligned_grid`)."""
 
     body: Block
     j: Var
@@ -55,6 +58,7 @@ class TilePlan:
     gather: tuple | None = None
     transpose: bool = False
     together: int = 1
+    shift: object = None
 
 
 def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TilePlan:
@@ -76,8 +80,11 @@ def plan_tiles(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TileP
         wide = None if gather is None else transposed_lanes(
             lanes, accesses, j, For(gather[0], idx(0), idx(GATHER_BLOCK), body), body, bl)
         if wide is not None:
-            return replace(plan, lanes=wide, gather=gather, transpose=True,
-                           together=blocks_together(j_extent, gather[1], bl))
+            together = blocks_together(j_extent, gather[1], bl)
+            # rows evicted before the next block comes back for a shared line: start the blocks on lines
+            shift = None if together == 1 or gather[1] % GATHER_BLOCK or gather[1] < ALIGN_MIN_VECTORS * GATHER_BLOCK \
+                else grid_shift(accesses, gather[0], 0, wide, bl.target.cache_line)
+            return replace(plan, lanes=wide, gather=gather, transpose=True, together=together, shift=shift)
         return replace(plan, lanes=chained_lanes(uncrowded_lanes(lanes, accesses, j, bl), body, j_extent, bl),
                        gather=gather)
     return _register_tile(plan, nest, i, accesses, inner, out, bl)
