@@ -28,7 +28,10 @@ times calls (``INLINE_MATH_USES``).
 Vector loops: inside a :class:`~lowering.loop_ir.Simd` loop every value is
 either the same in all lanes (kept scalar) or a ``<W x T>`` vector; a load
 or store whose index grows by one per lane is one vector access, any other
-a gather or scatter; locals declared inside are vectors.  A test or loop
+a gather or scatter, except consecutive stores that together write a row
+per lane (a register tile stored across the lanes: :func:`row_groups`),
+which are transposed in registers and stored row by row; locals declared
+inside are vectors.  A test or loop
 bound that differs between lanes runs under a lane mask (masked loads,
 stores and assignments; a branch no lane takes is skipped), so any element
 body can run in lanes.
@@ -308,6 +311,43 @@ def _interleave_mask(width: int, unit: int, n: int, high: int) -> list:
     seg = unit * n
     return [s * seg + (j // 2 + high * (n // 2)) * unit + e + (width if j % 2 else 0)
             for s in range(width // seg) for j in range(n) for e in range(unit)]
+
+
+def row_groups(stores, lane, width: int):
+    """How the consecutive stores ``stores`` in a vector loop of ``width``
+    lanes over ``lane`` write rows, or None when they do not.
+
+    They qualify when they write one buffer at one index but for a constant
+    ``c``, strided across the lanes (``S`` elements apart, not 0 or 1), to
+    distinct elements, and no value reads the buffer (so the stores may be
+    reordered).  Then lane ``l`` of the stores whose constants run
+    ``c0, c0 + 1, ..`` writes the elements ``l S + c0, l S + c0 + 1, ..``:
+    a row.  Returns ``(S, groups)``, each group the stores of one such run
+    (at most ``width``, in order of the constant); at least one group holds
+    two stores or more.  A register tile of a convolution whose lanes run
+    over output channels (NCHW) stores its columns this way."""
+    buf = stores[0].buffer
+    if len(stores) < 2 or buf.dtype == "bool" or any(s.buffer is not buf for s in stores):
+        return None
+    forms = [linear_form(s.index) for s in stores]
+    if any(f is None for f in forms) or any(f[0] != forms[0][0] for f in forms):
+        return None
+    step = stride(stores[0].index, lane)
+    consts = [c for _, c in forms]
+    if step in (None, 0, 1) or len({l * step + c for l in range(width) for c in consts}) != width * len(consts):
+        return None
+    if any(isinstance(e, (BufLoad, GuardedLoad)) and e.buffer is buf
+           for e in topo_order((s.value for s in stores), children)):
+        return None
+    groups = []
+    for c, s in sorted(zip(consts, stores), key=lambda cs: cs[0]):
+        if groups and c == groups[-1][-1][0] + 1 and len(groups[-1]) < width:
+            groups[-1].append((c, s))
+        else:
+            groups.append([(c, s)])
+    if all(len(g) == 1 for g in groups):
+        return None
+    return step, [[s for _, s in g] for g in groups]
 
 
 # ----------------------------------------------------------------- functions
@@ -801,6 +841,51 @@ class _FunctionEmitter(_Emitter):
         self.lanes, self.mask = None, None
         self.access_group = outer_group
 
+    def block_(self, s: Block):
+        """The statements of ``s``; in a vector loop with every lane active, a
+        run of stores that write rows (:func:`row_groups`) as rows."""
+        stmts, k = s.stmts, 0
+        while k < len(stmts):
+            end = k
+            while end < len(stmts) and isinstance(stmts[end], Store):
+                end += 1
+            rows = row_groups(stmts[k:end], self.lanes.var, self.lanes.width) \
+                if end - k > 1 and self.lanes is not None and self.mask is None else None
+            if rows is None:
+                self.stmt(stmts[k])
+                k += 1
+            else:
+                self._row_stores(*rows)
+                k = end
+
+    def _row_stores(self, step, groups):
+        """Each group of stores (``m`` of them, constants ``c0 .. c0 + m - 1``)
+        as ``W`` stores of ``m`` contiguous elements, lane ``l``'s at
+        ``l step + c0``: the ``m`` values, padded to ``p``, the power of two
+        at or above ``m``, are transposed ``p`` lanes at a time
+        (:meth:`_transposed`).  A scatter costs a store and an extraction
+        per element; this ``p log2 p`` shuffles per ``p`` lanes and a store
+        per row.  The benchmark's forward conv2d (NCHW output, lanes over
+        the channels) ran 0.471 -> 0.455 ms built for AVX2 and 0.257 ->
+        0.232 with AVX-512, on an AMD EPYC Zen 5, as fast as with an NHWC
+        output (contiguous along the channels)."""
+        values = {s: self.splat(self.expr(s.value), self.lanes.width) for g in groups for s in g}
+        width = self.lanes.width
+        for group in groups:
+            buf, m = group[0].buffer, len(group)
+            if m == 1:
+                self.store(group[0])
+                continue
+            p = 1 << (m - 1).bit_length()
+            vt = ir.VectorType(MEMORY_TYPE[buf.dtype], width)
+            rows = [values[s] for s in group] + [ir.Constant(vt, ir.Undefined)] * (p - m)
+            lane0 = self.expr(substitute(group[0].index, {self.lanes.var: self.lanes.lo}))
+            for first in range(0, width, p):
+                columns = self._transposed([self.lanes_of(r, first, p) for r in rows], _ITEMSIZE[buf.dtype])
+                for l, column in enumerate(columns):
+                    at = self.b.add(lane0, ir.Constant(I64, (first + l) * step))
+                    self._tag(self.b.store(self.lanes_of(column, 0, m), self._address(buf, at), align=_align(buf)))
+
     def store(self, s: Store):
         buf = s.buffer
         value = self.expr(s.value)
@@ -946,7 +1031,7 @@ class _FunctionEmitter(_Emitter):
 _LEAVES = (BufLoad, GuardedLoad, LaneReduce, AlignGap, Local, Var, Const)
 
 _STMT = {
-    Block: lambda fe, s: [fe.stmt(x) for x in s.stmts],
+    Block: _FunctionEmitter.block_,
     For: _FunctionEmitter.for_,
     Simd: _FunctionEmitter.simd,
     Store: _FunctionEmitter.store,
