@@ -534,7 +534,7 @@ class _FunctionEmitter(_Emitter):
     def _native_pieces(self, buf, mask) -> list:
         """``(first lane, mask)`` of each piece of the target's vector width in
         a masked access to ``buf`` under ``mask``: a masked load, store,
-        gather or scatter of several registers (``MATH_CHAINS`` vectors) is
+        gather or scatter of several registers (``Blocking.math_chains``) is
         emitted as one per register, since LLVM 22.1 aborts splitting a
         wider one."""
         width = max(1, self.target.vector_bytes // _ITEMSIZE[buf.dtype])
@@ -920,7 +920,7 @@ class _FunctionEmitter(_Emitter):
             self._tag(self.b.store(value, self._address(buf, index), align=_align(buf)))
 
     def _vector_store(self, buf, base, value, ptr):
-        """A full vector store (one register or several: ``MATH_CHAINS``), a
+        """A full vector store (one register or several: ``Blocking.math_chains``), a
         candidate for a non-temporal one (past the caches, no read for
         ownership: :meth:`_mark_streaming`) into a large output no stage
         reads, at an element aligned to the vector (outputs are allocated

@@ -376,14 +376,15 @@ def test_argmax_positions_are_int32_in_long_rows(rows, cols, window):
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
 def test_math_stages_run_dependency_chains_side_by_side(target):
-    """A stage applying exp takes ``MATH_CHAINS`` vectors per step: LLVM
-    splits each operation into registers whose instructions alternate, so
-    the chains of the vectors overlap.  A value passing through two such
-    functions in turn (tanh of a sigmoid) is a chain twice as long: the
-    square of ``MATH_CHAINS``.  A stage without such a function keeps one
-    vector.  On AVX-512 every 16 lanes of a wide exp or sigmoid still scale
-    with one vscalefps.  Values match numpy on this machine."""
-    from lowering.schedule.blocking import MATH_CHAINS
+    """A value passing through two functions such as exp in turn (tanh of
+    a sigmoid) runs in as many vectors per step as the register file holds
+    chains of such a function (four vector registers each: eight with
+    AVX-512's 32 registers, four with 16); LLVM splits each operation into
+    registers whose instructions alternate, so the chains overlap.  A stage
+    applying one such function takes half as many, a stage without one
+    keeps one vector.  On AVX-512 every 16 lanes of a wide exp or sigmoid
+    still scale with one vscalefps.  Values match numpy on this machine."""
+    chains = te.target(target).vector_registers // 4
     x = te.placeholder((1000,), "float32", "x")
     y = te.compute((1000,), lambda i: te.exp(x[i]) * 2.0, name="y")
     w = te.compute((1000,), lambda i: te.tanh(te.sigmoid(x[i]) * te.exp(-x[i] * x[i])), name="w")
@@ -395,13 +396,13 @@ def test_math_stages_run_dependency_chains_side_by_side(target):
         kernel = te.build([x], [out], target=target)
         widths[out.name] = {s.lanes for s in walk(stage(kernel, out.name).body) if isinstance(s, Simd)}
         if target == "skylake-avx512" and out is not z:
-            assert f"<{MATH_CHAINS * 16} x float> @llvm.x86" not in kernel.llvm_ir
+            assert f"<{chains * 16} x float> @llvm.x86" not in kernel.llvm_ir
             assert "<16 x float> @llvm.x86.avx512.mask.scalef.ps.512" in kernel.llvm_ir
         if kernel.target.missing_on_host() is None and out is w:
             x64 = data.astype(np.float64)
             want = np.tanh(np.exp(-x64 * x64) / (1 + np.exp(-x64)))
             np.testing.assert_allclose(kernel(data), want, rtol=2e-6, atol=1e-7)
-    assert widths == {"y": {MATH_CHAINS * lanes}, "w": {MATH_CHAINS ** 2 * lanes}, "z": {lanes}}
+    assert widths == {"y": {chains // 2 * lanes}, "w": {chains * lanes}, "z": {lanes}}
 
 
 def test_a_scan_step_applying_math_keeps_one_vector_per_step():

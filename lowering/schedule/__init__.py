@@ -67,10 +67,11 @@ Rules, in the order they are tried for a stage (:func:`schedule_stage`):
    fall in one L1 set (rows 4 KiB apart) takes no more lanes than the set
    has ways (``vector_axis.uncrowded_lanes``, ``Target.l1_ways``).  A stage
    that stores one element gets its reduction in lanes as well.  A body
-   applying exp, log, tanh... takes
-   ``MATH_CHAINS`` vectors per step outside register tiles and scan steps,
-   the square of that when a value passes through two such functions in
-   turn (``vector_axis.chained_lanes``: dependency chains side by side).
+   applying exp, log, tanh... takes several vectors per step outside
+   register tiles and scan steps, as many chains as the register file
+   holds (``Blocking.math_chains``) when a value passes through two such
+   functions in turn, half as many through one
+   (``vector_axis.chained_lanes``: dependency chains side by side).
    The decisions of rules 4 to 8 for ``j`` form one
    :class:`~lowering.schedule.tile_plan.TilePlan` (``tile_plan.py``), built
    by ``tile_loops.py``.

@@ -22,7 +22,7 @@ TRANSPOSE_BLOCKS = 2         # gather blocks a transposing copy visits together 
 ALIGN_MIN_VECTORS = 8        # a grid shifted onto an input's lines leaves one vector (block) in this many to
                              # gathers: shorter loops keep theirs (aligned_grid.py)
 UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fully when shorter; rule 6)
-MATH_CHAINS = 2              # vectors per step of a body applying exp, tanh... (squared for tanh(sigmoid): chained_lanes)
+CHAIN_REGISTERS = 4          # vector registers one chain of a fast_math function keeps live (chained_lanes)
 
 
 def pow2_floor(n: int) -> int:
@@ -50,8 +50,12 @@ class Blocking:
       above it) are read from panels;
     * ``row_block_bytes``: half of L2 (a power of two), the row operand's
       share while the column panels pass;
-    * ``math_chains``: ``MATH_CHAINS``, or 1 for the stages of a scan's step
-      (:func:`~lowering.schedule.vector_axis.chained_lanes`)."""
+    * ``math_chains``: the vectors a body applying exp, tanh... runs side
+      by side (:func:`~lowering.schedule.vector_axis.chained_lanes`): as many
+      chains as the register file holds at ``CHAIN_REGISTERS`` live vectors
+      each (the value, the polynomial's sum, the reduced argument and its
+      scale): 8 with 32 registers, 4 with 16; 1 for the stages of a scan's
+      step."""
 
     target: Target
     tile_rows: int
@@ -59,7 +63,7 @@ class Blocking:
     k_block: int
     panel_min_bytes: int
     row_block_bytes: int
-    math_chains: int = MATH_CHAINS
+    math_chains: int
 
     @property
     def k_block_min(self) -> int:
@@ -76,4 +80,4 @@ def blocking(target: Target) -> Blocking:
     dot = max(t for t in range(1, 9) if t * t + 2 * t <= regs)
     k_block = pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
     return Blocking(target, rows, dot, k_block, 1 << (target.l1_bytes - 1).bit_length(),
-                    pow2_floor(target.l2_bytes // 2))
+                    pow2_floor(target.l2_bytes // 2), max(1, regs // CHAIN_REGISTERS))

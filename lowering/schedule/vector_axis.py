@@ -104,10 +104,10 @@ def _crowding(step: int, lanes: int, line: int, sets: int) -> int:
 
 def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
     """The lanes of one step of a vector loop of ``extent`` iterations over
-    ``body``: ``bl.math_chains`` vectors when ``body`` applies a function of
-    ``fast_math.py``, its square when a value passes through two of them in
-    turn (:func:`math_depth`), and one otherwise (or when the loop is
-    shorter than that).
+    ``body``: ``bl.math_chains`` vectors (the chains the register file
+    holds) when a value of ``body`` passes through two functions of
+    ``fast_math.py`` in turn (:func:`math_depth`), half as many when through
+    one, and one vector otherwise (or when the loop is shorter than that).
 
     Such a function is a chain of ~25 dependent instructions; a body applying
     three of them is ~180 instructions per vector, so the out-of-order window
@@ -120,10 +120,16 @@ def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
     share is smaller, 1-3%.  Its tanh of a sigmoid is a chain twice as long:
     on the AMD EPYC Zen 4, four vectors took 0.95 -> 0.75 ms built for AVX2,
     0.58 -> 0.49 with AVX-512 and 2.63 -> 2.38 for SSE, where the softmax's
-    single exp ran 7% slower with four (AVX2).  A scan's step stages keep
+    single exp ran 7% slower with four (AVX2).  With AVX-512's 32 registers
+    the chains fill them at eight and four vectors: on the AMD EPYC Zen 5
+    (alternating processes) the elementwise kernel ran 0.220-0.232 ->
+    0.200-0.231 ms with eight rather than four, the softmax cross-entropy
+    0.078-0.080 -> 0.073-0.077 with four rather than two, the MLP and the
+    float64 seed no slower (sixteen, past the registers: 0.26 ms).  A scan's step stages keep
     one vector: their slices are small, and the LSTM benchmark kernel built
     0.25 s slower for 2% less run time."""
-    chained = lanes * bl.math_chains ** min(math_depth(body), 2)
+    depth = min(math_depth(body), 2)
+    chained = lanes * max(1, bl.math_chains >> (2 - depth)) if depth else lanes
     return chained if extent >= chained else lanes
 
 
