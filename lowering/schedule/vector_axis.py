@@ -125,9 +125,9 @@ def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
     (alternating processes) the elementwise kernel ran 0.220-0.232 ->
     0.200-0.231 ms with eight rather than four, the softmax cross-entropy
     0.078-0.080 -> 0.073-0.077 with four rather than two, the MLP and the
-    float64 seed no slower (sixteen, past the registers: 0.26 ms).  A scan's step stages keep
-    one vector: their slices are small, and the LSTM benchmark kernel built
-    0.25 s slower for 2% less run time."""
+    float64 seed no slower (sixteen, past the registers: 0.26 ms).  A
+    scan's step stages keep one vector: their slices are small, and the
+    LSTM benchmark kernel built 0.25 s slower for 2% less run time."""
     depth = min(math_depth(body), 2)
     chained = lanes * max(1, bl.math_chains >> (2 - depth)) if depth else lanes
     return chained if extent >= chained else lanes
