@@ -1,12 +1,20 @@
 """Shared helpers for the te-autodiff tests: build-and-run wrappers and numeric references."""
 import contextlib
 import signal
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 import te_autodiff as te
 
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's own id (parameters included): each
+    test draws the same data whichever tests ran before it, in any order."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def run(inputs, outputs, arrays):

@@ -9,7 +9,6 @@ from lowering.pipeline import lower_for
 from lowering.schedule.ir import idx
 from te_autodiff.expr import add, const, mul, var
 
-RNG = np.random.default_rng(11)
 Y = Buffer("Y", (64, 64), "float32", "output")
 LANE, ROW = var("l"), var("r")
 
@@ -84,7 +83,7 @@ def _rows_found(program) -> int:
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
-def test_a_convolution_with_channels_in_the_lanes_stores_its_tiles_as_rows(target):
+def test_a_convolution_with_channels_in_the_lanes_stores_its_tiles_as_rows(rng, target):
     """An NCHW convolution whose register tiles run their lanes over the
     output channels (each an image plane apart) and their columns along the
     width stores every tile as rows: on each target, one of these shapes
@@ -96,8 +95,8 @@ def test_a_convolution_with_channels_in_the_lanes_stores_its_tiles_as_rows(targe
         X, Wt, out = _conv(N, C, H, W, F)
         found += _rows_found(lower_for([X, Wt], [out], target=target).scheduled)
         run = te.build([X, Wt], [out], target=target if te.target(target).missing_on_host() is None else "host")
-        x = RNG.standard_normal((N, C, H + 2, W + 2)).astype(np.float32)
-        w = RNG.standard_normal((F, C, 3, 3)).astype(np.float32)
+        x = rng.standard_normal((N, C, H + 2, W + 2)).astype(np.float32)
+        w = rng.standard_normal((F, C, 3, 3)).astype(np.float32)
         np.testing.assert_allclose(run(x, w), _conv_np(x, w), rtol=1e-4, atol=1e-4)
     assert found > 0
 

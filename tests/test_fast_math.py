@@ -8,7 +8,6 @@ import te_autodiff as te
 from lowering import runtime
 from lowering.lower import lower
 
-RNG = np.random.default_rng(31)
 
 
 def sigmoid64(x):
@@ -31,11 +30,12 @@ def floats_between(lo, hi, count):
     return np.copysign(bits.view(np.float32), np.float32(lo))
 
 
+_SWEEP_RNG = np.random.default_rng(31)     # import-time data: the same sweep in any test order
 SWEEP = np.concatenate([
     floats_between(2.0 ** -30, 128.0, 1 << 20), floats_between(-(2.0 ** -30), -128.0, 1 << 20),
     floats_between(0.5, 1.0, 1 << 16), floats_between(-0.5, -1.0, 1 << 16),         # tanh, sigmoid near 0.625
     floats_between(-1e-38, -1e-45, 4096), floats_between(1e-45, 1e-38, 4096),         # subnormals
-    RNG.integers(0, 2 ** 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32),
+    _SWEEP_RNG.integers(0, 2 ** 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32),
     np.float32([0.6298048, 5.2019291, -0.2997174, -4.1572938, -0.0030729, -16.960871])])
 SPECIAL = np.float32([
     0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-40, -1e-40, 1.1754942e-38, -1.1754942e-38,
@@ -96,10 +96,10 @@ def test_special_values_follow_numpy_bit_for_bit(name):
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
-def test_every_path_computes_the_same_bits(name):
+def test_every_path_computes_the_same_bits(rng, name):
     """Full native vectors (vscalefps on AVX-512), short vectors with masked
     tails and scalar code agree."""
-    args = np.concatenate([SPECIAL, RNG.standard_normal(3000).astype(np.float32) * 20,
+    args = np.concatenate([SPECIAL, rng.standard_normal(3000).astype(np.float32) * 20,
                            SWEEP[::997]]).astype(np.float32)
     for n in (args.size, 7, 3):
         x, y = build(name, n)
@@ -110,18 +110,18 @@ def test_every_path_computes_the_same_bits(name):
 
 
 # name: (a bound below which every lane takes the common path, arguments that do not)
-COMMON_PATH = {"tanh": (0.62, lambda n: RNG.uniform(-5, 5, n)),
-               "exp": (80.0, lambda n: RNG.choice([-100.0, -87.0, -86.6, 88.4, 88.6, np.nan], n)),
-               "sigmoid": (80.0, lambda n: RNG.choice([-100.0, -86.0, 85.5, 90.0, np.nan], n))}
+COMMON_PATH = {"tanh": (0.62, lambda n: rng.uniform(-5, 5, n)),
+               "exp": (80.0, lambda n: rng.choice([-100.0, -87.0, -86.6, 88.4, 88.6, np.nan], n)),
+               "sigmoid": (80.0, lambda n: rng.choice([-100.0, -86.0, 85.5, 90.0, np.nan], n))}
 
 
 @pytest.mark.parametrize("name", sorted(COMMON_PATH))
-def test_a_value_does_not_depend_on_its_vector(name):
+def test_a_value_does_not_depend_on_its_vector(rng, name):
     """tanh skips its large-argument formula, and exp and sigmoid their
     subnormal-safe scaling, for vectors whose lanes all allow it: a value
     gives the same bits among common ones or mixed ones."""
     bound, uncommon = COMMON_PATH[name]
-    common = RNG.uniform(-bound, bound, 4096).astype(np.float32)
+    common = rng.uniform(-bound, bound, 4096).astype(np.float32)
     mixed = common.copy()
     mixed[::37] = uncommon(mixed[::37].size)                   # in some vectors only
     x, y = build(name, 4096)
@@ -130,12 +130,12 @@ def test_a_value_does_not_depend_on_its_vector(name):
     keep = np.ones(4096, bool)
     keep[::37] = False
     np.testing.assert_array_equal(f(common)[keep], got[keep])
-    order = RNG.permutation(4096)
+    order = rng.permutation(4096)
     np.testing.assert_array_equal(f(mixed[order]), got[order])
     np.testing.assert_array_equal(got, unscheduled([x], [y], [mixed])[0])
 
 
-def test_a_stage_applying_a_function_often_calls_one_copy_of_it():
+def test_a_stage_applying_a_function_often_calls_one_copy_of_it(rng):
     """A stage applying tanh to more than ``INLINE_MATH_USES`` vectors (an RNN
     step's register tile) calls one copy of its code, a function of the
     module; a stage applying it once keeps it inline.  Both agree with the
@@ -148,7 +148,7 @@ def test_a_stage_applying_a_function_often_calls_one_copy_of_it():
 
     from lowering.codegen_llvm import INLINE_MATH_USES
     n = 1000
-    a = np.concatenate([SPECIAL, RNG.standard_normal(n - SPECIAL.size).astype(np.float32) * 3])
+    a = np.concatenate([SPECIAL, rng.standard_normal(n - SPECIAL.size).astype(np.float32) * 3])
     x = te.placeholder((n,), "float32", "x")
     copy = re.compile(r"define internal fastcc <\d+ x float> @\"?te\.tanh\.v\d+f32")
     for uses in (1, INLINE_MATH_USES + 1):

@@ -14,7 +14,6 @@ from lowering.pipeline import schedule_program
 from lowering.schedule import SPLIT_MIN_WORK
 from te_autodiff.expr import const
 
-RNG = np.random.default_rng(11)
 
 
 def run(program, arrays):
@@ -49,10 +48,10 @@ def elementwise_loss(n):
     return x, H, loss, dx
 
 
-def test_loss_and_gradient_run_in_one_pass_without_the_forward_buffer():
+def test_loss_and_gradient_run_in_one_pass_without_the_forward_buffer(rng):
     n = 2 * SPLIT_MIN_WORK
     x, H, loss, dx = elementwise_loss(n)
-    xs, hs = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    xs, hs = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     fused, got, want = both([x, H], [loss, dx], [xs, hs])
     assert temps(schedule_program(lower([x, H], [loss, dx]), te.target(), fusion=False)) == ["loss.parts", "y"]
     assert temps(fused) == ["loss+dx.parts"]             # y lives in registers only
@@ -62,56 +61,56 @@ def test_loss_and_gradient_run_in_one_pass_without_the_forward_buffer():
     np.testing.assert_allclose(got[0][0], np.dot(y, hs), rtol=1e-5)
 
 
-def test_a_small_loss_stays_apart_from_the_parallel_gradient():
+def test_a_small_loss_stays_apart_from_the_parallel_gradient(rng):
     x, H, loss, dx = elementwise_loss(1000)
-    fused, got, want = both([x, H], [loss, dx], [RNG.standard_normal(1000).astype(np.float32)] * 2)
+    fused, got, want = both([x, H], [loss, dx], [rng.standard_normal(1000).astype(np.float32)] * 2)
     assert not any("+" in st.name for st in fused.stages)
     assert_same(got, want)
 
 
-def test_maps_reading_one_input_share_a_pass():
+def test_maps_reading_one_input_share_a_pass(rng):
     x = te.placeholder((64, 48), "float32", "x")
     a = te.compute((64, 48), lambda i, j: te.exp(x[i, j]), name="a")
     b = te.compute((64, 48), lambda i, j: x[i, j] * te.sin(x[i, j]), name="b")
-    fused, got, want = both([x], [a, b], [RNG.standard_normal((64, 48)).astype(np.float32)])
+    fused, got, want = both([x], [a, b], [rng.standard_normal((64, 48)).astype(np.float32)])
     assert [st.name for st in fused.stages] == ["a+b"]
     assert_same(got, want)
 
 
-def test_a_stored_producer_is_computed_in_its_only_reader():
+def test_a_stored_producer_is_computed_in_its_only_reader(rng):
     x = te.placeholder((300,), "float32", "x")
     y = te.compute((300,), lambda i: te.exp(x[i]) + 1.0, name="y")
     z = te.compute((300,), lambda i: te.log(y[i]) * y[i], name="z")
-    fused, got, want = both([x], [z], [RNG.standard_normal(300).astype(np.float32)], store=[y])
+    fused, got, want = both([x], [z], [rng.standard_normal(300).astype(np.float32)], store=[y])
     assert temps(fused) == [] and [st.name for st in fused.stages] == ["z"]
     assert_same(got, want)
 
 
-def test_a_producer_that_would_be_recomputed_stays_stored():
+def test_a_producer_that_would_be_recomputed_stays_stored(rng):
     x, w = te.placeholder((40,), "float32", "x"), te.placeholder((30,), "float32", "w")
     y = te.compute((40,), lambda i: te.exp(x[i]), name="y")
     z = te.compute((40, 30), lambda i, j: y[i] * w[j], name="z")
-    fused, got, want = both([x, w], [z], [RNG.standard_normal(40).astype(np.float32),
-                                           RNG.standard_normal(30).astype(np.float32)], store=[y])
+    fused, got, want = both([x, w], [z], [rng.standard_normal(40).astype(np.float32),
+                                           rng.standard_normal(30).astype(np.float32)], store=[y])
     assert temps(fused) == ["y"]
     assert_same(got, want)
 
 
-def test_a_map_reading_another_at_a_different_point_is_not_fused():
+def test_a_map_reading_another_at_a_different_point_is_not_fused(rng):
     x = te.placeholder((100,), "float32", "x")
     a = te.compute((100,), lambda i: te.exp(x[i]), name="a")
     b = te.compute((99,), lambda i: a[i + 1] - a[i] + x[i], name="b")
     c = te.compute((100,), lambda i: a[99 - i] * x[i], name="c")
-    fused, got, want = both([x], [a, b, c], [RNG.standard_normal(100).astype(np.float32)])
+    fused, got, want = both([x], [a, b, c], [rng.standard_normal(100).astype(np.float32)])
     assert not any("+" in st.name for st in fused.stages)
     assert_same(got, want)
 
 
 @pytest.mark.parametrize("n", [SPLIT_MIN_WORK, 3 * SPLIT_MIN_WORK + 16 * 7])
-def test_fused_gradient_kernels_match_numpy(n):
+def test_fused_gradient_kernels_match_numpy(rng, n):
     x, H, loss, dx = elementwise_loss(n)
     f = te.build([x, H], [loss, dx])
-    xs, hs = RNG.standard_normal(n), RNG.standard_normal(n)
+    xs, hs = rng.standard_normal(n), rng.standard_normal(n)
     got_loss, got_dx = f(xs.astype(np.float32), hs.astype(np.float32))
     s = 1 / (1 + np.exp(-xs))
     u = s * np.exp(-xs * xs)
@@ -120,37 +119,37 @@ def test_fused_gradient_kernels_match_numpy(n):
     np.testing.assert_allclose(got_dx, hs * (1 - y * y) * u * ((1 - s) - 2 * xs), rtol=1e-4, atol=1e-6)
 
 
-def test_a_reduction_read_at_a_shifted_window_is_computed_in_the_reader():
+def test_a_reduction_read_at_a_shifted_window_is_computed_in_the_reader(rng):
     """The gradient of a padded input is read without its border (dX = dXp[1:-1]):
     only the elements read are computed, in the reader's own loops."""
     A, B = te.placeholder((10, 6), "float32", "A"), te.placeholder((6, 12), "float32", "B")
     k = te.reduce_axis(6, "k")
     P = te.compute((10, 12), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="P")
     C = te.compute((8, 9), lambda i, j: P[i + 1, j + 2], name="C")
-    a, b = RNG.standard_normal((10, 6)).astype(np.float32), RNG.standard_normal((6, 12)).astype(np.float32)
+    a, b = rng.standard_normal((10, 6)).astype(np.float32), rng.standard_normal((6, 12)).astype(np.float32)
     fused, got, want = both([A, B], [C], [a, b], store=[P])
     assert temps(fused) == [] and [st.name for st in fused.stages] == ["C"]
     assert_same(got, want)
     np.testing.assert_allclose(got[0], (a @ b)[1:9, 2:11], rtol=1e-5, atol=1e-6)
 
 
-def test_a_reduction_is_not_computed_inside_another_reduction():
+def test_a_reduction_is_not_computed_inside_another_reduction(rng):
     A = te.placeholder((64, 64), "float32", "A")
     k, r = te.reduce_axis(64, "k"), te.reduce_axis(64, "r")
     P = te.compute((64,), lambda i: te.sum(A[i, k] * A[k, i], axis=k), name="P")
     Q = te.compute((1,), lambda _: te.sum(P[r] * P[r], axis=r), name="Q")
-    fused, got, want = both([A], [Q], [RNG.standard_normal((64, 64)).astype(np.float32)])
+    fused, got, want = both([A], [Q], [rng.standard_normal((64, 64)).astype(np.float32)])
     assert temps(fused) == ["P"]
     assert_same(got, want)
 
 
-def test_a_value_the_fused_statements_share_is_computed_once():
+def test_a_value_the_fused_statements_share_is_computed_once(rng):
     """Fused, the loss's ``y = tanh(sigmoid(x)·exp(-x²))`` and the gradient's
     ``s·(1 - s)`` and ``e`` are computed from one ``sigmoid`` and one ``exp``:
     let-bound before their first use, read by the rest."""
     n = 2 * SPLIT_MIN_WORK
     x, H, loss, dx = elementwise_loss(n)
-    xs, hs = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    xs, hs = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     fused, got, want = both([x, H], [loss, dx], [xs, hs])
     text = stmt_text(fused.stages[0].body)
     assert text.count("sigmoid(") == 1 and text.count("exp(") == 1, text

@@ -8,10 +8,6 @@
   and nothing crashes or hangs.
 * The runner itself: an abort or a hang in a child is the failure of the
   program it was running, and the rest of the batch still runs.
-* The checks can fail: a kernel that accepts anything fails the bad-argument
-  check, a wrong value fails the comparison.
-* Shapes far beyond memory (and beyond int64 bytes) are refused with a
-  MemoryError or ValueError naming the tensor, each in a child process.
 * Regressions: fixed programs that te refused (IndexError at ``te.build`` or
   at the call, TypeError in ``te.gradient``) though the program never reads
   out of range, compared with torch.  Each was found by the fuzzer;
@@ -19,13 +15,13 @@
 """
 import numpy as np
 import pytest
-import torch
 
-import te_autodiff as te
-from fuzz.bad_inputs import bad_input_failures, huge_extent_failures
-from fuzz.check import compare
-from fuzz.runner import program_seeds, run, run_batch
-from fuzz.torch_ops import ax, cread, float64_default, grad, red
+torch = pytest.importorskip("torch", reason="torch.autograd is the fuzzer's oracle (pip install -e '.[torch]')")
+
+import te_autodiff as te  # noqa: E402  (after the skip above)
+from fuzz.check import compare  # noqa: E402
+from fuzz.runner import program_seeds, run, run_batch  # noqa: E402
+from fuzz.torch_ops import ax, cread, float64_default, grad, red  # noqa: E402
 
 SEED, PROGRAMS = 13, 300
 F64 = "float64"
@@ -49,42 +45,6 @@ def test_a_crash_or_hang_is_the_failure_of_its_program(monkeypatch):
     assert "exit code -6" in records[seeds[1]]["detail"]            # SIGABRT, confirmed alone
 
 
-def _kernel():
-    A = te.placeholder((3, 4), F64, "Alpha")
-    B = te.placeholder((4,), "int32", "Beta")
-    C = te.compute((3, 4), lambda i, j: A[i, j] * 2.0 + B[j].astype(F64), name="C")
-    arrays = [np.ones((3, 4)), np.arange(4, dtype=np.int32)]
-    kernel = te.build([A, B], [C])
-    return kernel, arrays, [kernel(*arrays)]
-
-
-def test_bad_arguments_are_refused_naming_the_placeholder():
-    kernel, arrays, good = _kernel()
-    for seed in range(5):
-        assert bad_input_failures(kernel, arrays, good, np.random.default_rng(seed)) == []
-
-
-def test_the_bad_argument_check_catches_a_kernel_that_accepts_anything():
-    kernel, arrays, good = _kernel()
-
-    class Permissive:
-        inputs = kernel.inputs
-
-        def __call__(self, *args):
-            return good[0]
-
-    failures = bad_input_failures(Permissive(), arrays, good, np.random.default_rng(0))
-    assert len(failures) == 2 + 3 * len(arrays) and all(f.endswith("accepted") for f in failures)
-
-
-def test_the_comparison_catches_a_wrong_value_and_a_leaked_nan():
-    want = np.array([1.0, np.nan, np.inf, 2.0])
-    assert compare(["Y"], [want.copy()], [want], nonfinite=True) is None
-    assert "Y[0]" in compare(["Y"], [want + [1e-6, 0, 0, 0]], [want], nonfinite=True)
-    assert "Y[3]" in compare(["Y"], [np.array([1.0, np.nan, np.inf, np.nan])], [want], nonfinite=True)
-    assert "not finite" in compare(["Y"], [want], [want])
-
-
 def test_nan_and_inf_propagate_as_in_torch():
     X = te.placeholder((6,), F64, "X")
     k = te.reduce_axis(6, "k")
@@ -103,10 +63,6 @@ def test_nan_and_inf_propagate_as_in_torch():
         np.testing.assert_array_equal(np.isinf(g), np.isinf(w))
 
 
-def test_huge_extents_are_refused_cleanly():
-    assert huge_extent_failures() == []
-
-
 # --------------------------------------------------------------------------- regressions
 
 
@@ -121,10 +77,9 @@ def _agree(inputs, outputs, reference, arrays, target=None):
     assert compare([t.name for t in outputs], got, want) is None
 
 
-rng = np.random.default_rng(13)
 
 
-def test_second_order_through_a_guarded_key():
+def test_second_order_through_a_guarded_key(rng):
     """The adjoint's coefficient was the stored value of the first gradient
     (``exp``'s derivative is itself), which swallowed the guard ``o1 >= 0``
     protecting the key ``J[i1 - i0]``: ``te.build`` raised IndexError."""
@@ -148,7 +103,7 @@ def test_second_order_through_a_guarded_key():
 
 
 @pytest.mark.parametrize("optimize", [True, False])
-def test_a_key_read_under_a_guard(optimize):
+def test_a_key_read_under_a_guard(rng, optimize):
     """``E[J[n - 1], d]`` under ``n >= 1``: the naive gradient tested the key
     before the guard (IndexError at build)."""
     E = te.placeholder((5, 2), F64, "E")
@@ -163,7 +118,7 @@ def test_a_key_read_under_a_guard(optimize):
     _agree([E, J], [Y, dE], reference, [rng.standard_normal((5, 2)), np.array([0, 4, 2, 4], "int32")])
 
 
-def test_a_dead_branch_in_a_second_order_gradient():
+def test_a_dead_branch_in_a_second_order_gradient(rng):
     """The select's branch reading ``X[3c + 3a + 1, c + b]`` is never taken
     (``2a + c - 1 > 2`` with ``a = 0``, ``c < 4``); zero elimination kept it,
     under a guard no point meets, and the second-order gradient read ``Y``
@@ -189,7 +144,7 @@ def test_a_dead_branch_in_a_second_order_gradient():
     _agree([X], [Y, dX, ddX], reference, [rng.standard_normal((3, 1))])
 
 
-def test_a_gather_of_an_offset_column():
+def test_a_gather_of_an_offset_column(rng):
     """``X[I[b, a], b + 4]``: the match sum of the gradient has a row per
     column of ``X`` but only column 4 has keys; the others read ``I`` out of range."""
     X = te.placeholder((2, 5), F64, "X")
@@ -203,7 +158,7 @@ def test_a_gather_of_an_offset_column():
     _agree([X, I], [Y, dX], reference, [rng.standard_normal((2, 5)), np.array([[1, 1]], "int32")])
 
 
-def test_a_match_sum_whose_value_reads_out_of_range_in_unused_rows():
+def test_a_match_sum_whose_value_reads_out_of_range_in_unused_rows(rng):
     """``X[J[a] + b, b + 2]``: the match sum's value ``H[p, row - 2]`` was
     computed in rows 0 and 1 too, which the gradient never reads."""
     X = te.placeholder((4, 6), F64, "X")
@@ -222,7 +177,7 @@ def test_a_match_sum_whose_value_reads_out_of_range_in_unused_rows():
            [rng.standard_normal((4, 6)), np.array([0, 3, 1, 2, 0], "int32"), rng.standard_normal((5, 4))])
 
 
-def test_a_nested_key_under_a_guard():
+def test_a_nested_key_under_a_guard(rng):
     """``X[J[I[n]]]`` under ``0 <= I[n] < 3``: the match sum's key read
     ``J`` at ``I[n] = -1`` (IndexError at the call)."""
     X = te.placeholder((5,), F64, "X")
@@ -239,7 +194,7 @@ def test_a_nested_key_under_a_guard():
            [rng.standard_normal(5), np.array([0, -1, 2, 7], "int32"), np.array([4, 1, 0], "int32")])
 
 
-def test_second_order_of_a_slice():
+def test_second_order_of_a_slice(rng):
     """``T[0, j] = sqrt(X[j]^2 + 1)`` over the first 4 of 6 elements: two
     adjoint contributions guarded by ``i <= 3`` were added outside the guard,
     and the second-order gradient read ``T[0, i]`` for ``i`` up to 5."""
@@ -257,7 +212,7 @@ def test_second_order_of_a_slice():
     _agree([X, H], [T, dX, ddX, dH], reference, [rng.standard_normal(6), rng.standard_normal((1, 4))])
 
 
-def test_a_point_condition_before_the_data_conditions():
+def test_a_point_condition_before_the_data_conditions(rng):
     """``Y[a, b] = min(X[b + 1, 2a], T[2a + b])`` with ``b`` in 0..0: the
     gradient sums the one point ``a = i // 2, b = i % 2`` under ``i % 2 == 0``,
     but tested the min's comparison (reading ``X[i % 2 + 1]``) first."""
@@ -277,7 +232,7 @@ def test_a_point_condition_before_the_data_conditions():
     _agree([X, T], [Y, dT], reference, [rng.standard_normal((2, 3)), rng.standard_normal(2)])
 
 
-def test_a_match_sum_whose_rows_are_restricted_by_a_condition():
+def test_a_match_sum_whose_rows_are_restricted_by_a_condition(rng):
     """``X[I[a, b] + b, (5 - b) % 2]`` read where ``(5 - b) % 2 < 1`` (never:
     ``b`` is 0): the match sum has a row per value of the second index, and
     in row 0 (``b = 1``, out of ``I``) its key and value read ``I`` out of
@@ -296,7 +251,7 @@ def test_a_match_sum_whose_rows_are_restricted_by_a_condition():
                                            rng.standard_normal((3, 1))])
 
 
-def test_a_reduction_under_a_condition_on_more_variables():
+def test_a_reduction_under_a_condition_on_more_variables(rng):
     """``s * s`` with ``s = Σ_k X[i - 1, k]`` under ``i >= 1 and j == 0``: the
     reduction is lifted into a tensor over ``i``, and ``i >= 1`` was dropped
     with the condition it is a conjunct of (which also reads ``j``): the
@@ -317,7 +272,7 @@ def test_a_reduction_under_a_condition_on_more_variables():
     _agree([X], [Y, dX], reference, [rng.standard_normal((3, 4))])
 
 
-def test_a_sum_over_a_range_that_is_neither_affine_nor_fixed():
+def test_a_sum_over_a_range_that_is_neither_affine_nor_fixed(rng):
     """The second-order gradient through a min over ``X0[(r - a + 2) % 2,
     (2a + r + 5) // 4 + a, (-2r - 2) % 4 + a]`` sums over a variable whose
     range is a ``//`` expression: zero elimination looked up the variable's
@@ -350,7 +305,7 @@ def test_a_sum_over_a_range_that_is_neither_affine_nor_fixed():
             rng.standard_normal((3, 2, 6))])
 
 
-def test_a_key_from_a_segment_condition_under_a_guard():
+def test_a_key_from_a_segment_condition_under_a_guard(rng):
     """``I1[a] == c`` selects ``c``, under which ``X0[I2[c, c + 1] + c]`` is read
     if ``c + 1 < 4``: the gradient substitutes ``c = I1[a]`` and tested the
     range of ``c`` after the conditions reading ``I2[c, c + 1]`` (IndexError
@@ -375,7 +330,7 @@ def test_a_key_from_a_segment_condition_under_a_guard():
            [rng.standard_normal(3), np.array([3, 1], "int32"), rng.integers(0, 2, (5, 4)).astype("int32")])
 
 
-def test_a_reduction_bounded_by_a_condition_on_two_variables():
+def test_a_reduction_bounded_by_a_condition_on_two_variables(rng):
     """``s * s`` with ``s = Σ_k X[j - 1, k]`` under ``i >= 1 and j >= i``: only
     both conditions together keep ``j - 1`` in range, and the first mentions
     no variable of the reduction, so the tensor the reduction is lifted into
@@ -437,7 +392,7 @@ def test_the_gradient_of_a_min_in_the_vector_tail():
         assert compare(["Y", "dX", "dD"], list(kernel(x, d)), want) is None, seed
 
 
-def test_a_factor_kept_inside_a_guarded_sum():
+def test_a_factor_kept_inside_a_guarded_sum(rng):
     """A second-order gradient sums ``ddX.r[k]`` under conditions that also
     keep ``i + j - 1`` in range, times a factor reading ``X[i + j - 1, ...]``
     that does not depend on ``k``: moved out of the sum, the factor read ``X``
@@ -485,7 +440,7 @@ def test_the_gradient_of_a_power_at_zero():
     _agree([X, E], [Y, dX, dE], reference, [np.array([0.0, 0.0, 2.0]), np.array([0.0, 1.5, 0.0])])
 
 
-def test_an_inverse_index_over_a_box_of_positions():
+def test_an_inverse_index_over_a_box_of_positions(rng):
     """The second-order gradient inverts the key ``2 I[b, b]`` of a read at
     ``(5 - b) % 3``: its positions are a box (``b`` solved from the column
     and a quotient) with points where ``b = 5``, outside ``I``, and the
@@ -514,7 +469,7 @@ def test_an_inverse_index_over_a_box_of_positions():
            [rng.standard_normal((7, 5)), rng.integers(0, 4, (5, 4)).astype("int32"), rng.standard_normal(2)])
 
 
-def test_a_program_on_which_llvm_looped():
+def test_a_program_on_which_llvm_looped(rng):
     """LLVM 22.1's VectorCombine never finished on the code its SLP vectoriser
     made of this gradient (a product over a window read at ``(2 b + r) // 3``
     and ``% 3``): the build hung.  VectorCombine is now switched off
@@ -545,7 +500,7 @@ def test_a_program_on_which_llvm_looped():
            [rng.standard_normal((3, 3)), rng.integers(0, 5, (3, 5)).astype("int32"), rng.standard_normal((3, 5))])
 
 
-def test_a_condition_on_the_outer_variables_kept_after_the_range_guarding_its_read():
+def test_a_condition_on_the_outer_variables_kept_after_the_range_guarding_its_read(rng):
     """The second-order gradient in ``H`` of a read at the key ``I[o - 1] + 2 o``
     (guarded by ``o >= 1``) sums over the columns of ``dX``, where ``o``'s range
     ``max(1, 2 c) .. min(3, 2 c + 1)`` depends on the column ``c``: the key's
@@ -574,7 +529,7 @@ def test_a_condition_on_the_outer_variables_kept_after_the_range_guarding_its_re
             rng.standard_normal(4)])
 
 
-def test_a_reduction_domain_that_reads_at_an_earlier_axis():
+def test_a_reduction_domain_that_reads_at_an_earlier_axis(rng):
     """The gradient sums over ``q``, ``a`` and ``r``, and the range of ``r``
     reads the key ``I[a, q - i0 // 2]``: in range, since ``q`` runs over
     ``i0 // 2 ..= i0 // 2 + 1``, but the bounds check took each axis's
@@ -602,7 +557,7 @@ def test_a_reduction_domain_that_reads_at_an_earlier_axis():
     _agree([I, X], [T, dX], reference, [rng.integers(0, 5, (3, 5)), rng.standard_normal((6, 3))])
 
 
-def test_a_match_sum_row_whose_read_only_the_other_outer_variables_keep_in_range():
+def test_a_match_sum_row_whose_read_only_the_other_outer_variables_keep_in_range(rng):
     """The gradient of a read ``X[b + b % 2, b, I[a, b]]`` (guarded by
     ``b + b % 2 < 2``) sums over ``a`` where the key ``I[a, b]`` is ``k``,
     one row of a match sum per ``b``.  The guard holds where the outer
@@ -645,7 +600,7 @@ def test_a_non_finite_value_in_the_select_branch_not_taken():
     assert got[1][0, 0] == 0.0
 
 
-def test_a_non_finite_factor_of_a_sum_over_no_match():
+def test_a_non_finite_factor_of_a_sum_over_no_match(rng):
     """``Y[n, c] = S[0] * X[I[n], c]``: the gradient in ``X[j, c]`` sums
     ``S[0] * H[n, c]`` over the ``n`` that an inverse index lists for key
     ``j``, and ``S[0]`` moved out of the sum.  At a ``j`` no key holds the sum
@@ -666,7 +621,7 @@ def test_a_non_finite_factor_of_a_sum_over_no_match():
     np.testing.assert_array_equal(got[1], [[np.inf, np.inf], [0.0, 0.0], [0.0, 0.0]])
 
 
-def test_a_floor_quotient_scaled_back_in_a_fused_loop():
+def test_a_floor_quotient_scaled_back_in_a_fused_loop(rng):
     """``Y[b, i, j] = X[(4 i + j) // 4, j]`` (guarded by ``i < 4``): the loops
     over ``i`` and ``b`` fuse into one over ``n = 2 i + b``, so the read and
     the store address ``n // 2 * 4``.  LLVM 22.1's VectorCombine made the
@@ -684,7 +639,7 @@ def test_a_floor_quotient_scaled_back_in_a_fused_loop():
 
 
 @pytest.mark.parametrize("target", [None, "haswell"])
-def test_a_second_order_gradient_the_slp_vectoriser_broke(target):
+def test_a_second_order_gradient_the_slp_vectoriser_broke(rng, target):
     """The second-order gradient of ``sigmoid(log(X[a + 1]² + 1))``: for an
     AVX2 target LLVM 22.1's SLP vectoriser left a shuffle among its own
     operands (an invalid module), and instruction selection aborted the LLVM

@@ -8,7 +8,6 @@ import pytest
 
 import te_autodiff as te
 
-rng = np.random.default_rng(3)
 n, m, p = 5, 4, 3
 
 
@@ -84,7 +83,7 @@ def test_torch_op_errors_name_the_placeholder():
         f(good[0], good[1])
 
 
-def test_jax_op_under_jit_grad_and_vjp():
+def test_jax_op_under_jit_grad_and_vjp(rng):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     from jax.test_util import check_grads

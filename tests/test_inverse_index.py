@@ -17,7 +17,6 @@ import te_autodiff as te
 from conftest import assert_close, build_grad
 
 F64 = "float64"
-rng = np.random.default_rng(7)
 
 
 def check(out, inputs, values, expected, wrt, head, fwd=None):
@@ -46,7 +45,7 @@ def add_at(shape, ids, values):
 
 
 @pytest.mark.parametrize("id_shape,id_dtype", [((9,), "int32"), ((3, 4), "int64")])
-def test_embedding(id_shape, id_dtype):
+def test_embedding(rng, id_shape, id_dtype):
     V, D = 7, 5
     E, I, Y = embedding(V, D, id_shape, id_dtype=id_dtype)
     e = rng.standard_normal((V, D))
@@ -81,7 +80,7 @@ def test_embedding_cost_is_linear():
     assert c["temp_bytes"] == 4 * (V + 1 + N)          # int32 starts and positions
 
 
-def test_take_and_a_data_dependent_plus_affine_index():
+def test_take_and_a_data_dependent_plus_affine_index(rng):
     X = te.placeholder((20,), dtype=F64, name="X")
     I = te.placeholder((6,), dtype="int32", name="I")
     take = te.compute((6,), lambda n: X[I[n]], name="take")
@@ -100,7 +99,7 @@ def test_take_and_a_data_dependent_plus_affine_index():
     assert r.fwd.shape == (6, J)
 
 
-def test_gather_along_an_axis_scatters_each_row():
+def test_gather_along_an_axis_scatters_each_row(rng):
     """torch.gather semantics: Y[i, j] = X[i, I[i, j]].  Row i of dX owns the
     matches of row i of I: each row is zeroed and its 64 positions added at
     their keys, in order (a match sum: no sort, no pass over the values)."""
@@ -122,7 +121,7 @@ def test_gather_along_an_axis_scatters_each_row():
     assert te.cost([X, I, H], [dXh])["iterations"] == A * (C + J)       # zero each row, add its positions
 
 
-def test_segment_sum_gradient_is_a_gather():
+def test_segment_sum_gradient_is_a_gather(rng):
     """out[s] = Σ_n [S[n] == s] X[n, d]: dX[n, d] = H[S[n], d], one read per element."""
     N, S, D = 9, 4, 3
     X = te.placeholder((N, D), dtype=F64, name="X")
@@ -139,7 +138,7 @@ def test_segment_sum_gradient_is_a_gather():
     assert te.cost([X, seg, H], [dX])["iterations"] == N * D
 
 
-def test_label_reads_in_softmax_cross_entropy():
+def test_label_reads_in_softmax_cross_entropy(rng):
     B, C = 5, 7
     Z = te.placeholder((B, C), dtype=F64, name="Z")
     L = te.placeholder((B,), dtype="int32", name="L")
@@ -157,7 +156,7 @@ def test_label_reads_in_softmax_cross_entropy():
     check(loss, [Z, L], [z, labels], [ref / B], wrt=[Z], head=np.ones(1))
 
 
-def test_tables_read_with_the_same_ids_share_one_sort():
+def test_tables_read_with_the_same_ids_share_one_sort(rng):
     V, D, N = 8, 3, 5
     E = te.placeholder((V, D), dtype=F64, name="E")
     F = te.placeholder((V, D), dtype=F64, name="F")
@@ -179,7 +178,7 @@ def test_positions_read_from_the_inverse_index_need_no_run_time_check():
     assert "check" not in ir.split("stage dE")[1], ir
 
 
-def test_out_of_range_ids_raise_and_return_nothing():
+def test_out_of_range_ids_raise_and_return_nothing(rng):
     E, I, Y = embedding(5, 2, (4,))
     H = te.placeholder((4, 2), dtype=F64, name="H")
     (dE,) = te.gradient(Y, [E], head=H)
@@ -213,7 +212,7 @@ _THREADS = textwrap.dedent("""
 """)
 
 
-def test_bit_identical_for_every_thread_count():
+def test_bit_identical_for_every_thread_count(rng):
     outs = []
     for threads in ("1", "2", "3"):
         env = dict(os.environ, TE_NUM_THREADS=threads)
@@ -255,7 +254,7 @@ def test_inverse_index_matches_the_naive_sum(V, N, D, batch, shift, scale, seed)
     np.testing.assert_allclose(want, ref, rtol=1e-12, atol=1e-12)
 
 
-def test_second_order_through_both_forms():
+def test_second_order_through_both_forms(rng):
     """Differentiating the gradient again, with respect to the head and the
     table, through an inverse index (embedding) and a match sum (gather)."""
     V, D, N = 6, 2, 5

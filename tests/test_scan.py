@@ -15,14 +15,13 @@ import pytest
 import te_autodiff as te
 
 F64 = "float64"
-rng = np.random.default_rng(11)
 
 
 def sigmoid(z):
     return 1 / (1 + np.exp(-z))
 
 
-def normal(*shape, scale=0.5):
+def normal(rng, *shape, scale=0.5):
     return rng.standard_normal(shape) * scale
 
 
@@ -106,7 +105,7 @@ def run(inputs, outputs, values):
 # ----------------------------------------------------------------- forward
 
 
-def test_spec_example_forward_and_gradient():
+def test_spec_example_forward_and_gradient(rng):
     m, n = 64, 8
     X = te.placeholder((m, n), name="X")
     S = te.placeholder((m, n), name="S")
@@ -114,7 +113,7 @@ def test_spec_example_forward_and_gradient():
     update = te.compute((m, n), lambda t, i: te.tanh(S[t - 1, i] * 0.5 + X[t, i]), name="update")
     Y = te.scan(init, update, S, inputs=[X], name="Y")
     assert Y.shape == (m, n) and Y.dtype == "float32" and Y.name == "Y"
-    x = normal(m, n).astype("float32")
+    x = normal(rng, m, n).astype("float32")
     ref = np.zeros_like(x)
     ref[0] = x[0]
     for t in range(1, m):
@@ -125,21 +124,21 @@ def test_spec_example_forward_and_gradient():
     te.check_gradient(Y, [X], [x.astype(F64)])
 
 
-def test_elman_forward_matches_numpy_loop():
+def test_elman_forward_matches_numpy_loop(rng):
     ins, Y = elman(7, 3, 5, 4)
-    values = [normal(*t.shape) for t in ins]
+    values = [normal(rng, *t.shape) for t in ins]
     np.testing.assert_allclose(run(ins, [Y], values), elman_numpy(*values), rtol=1e-12, atol=1e-12)
 
 
-def test_k2_forward_matches_numpy_loop():
+def test_k2_forward_matches_numpy_loop(rng):
     ins, Y = two_back(12, 3)
-    values = [normal(12, 3, scale=1.0), normal(3)]
+    values = [normal(rng, 12, 3, scale=1.0), normal(rng, 3)]
     np.testing.assert_allclose(run(ins, [Y], values), two_back_numpy(*values), rtol=1e-12, atol=1e-12)
 
 
-def test_lstm_two_states_forward():
+def test_lstm_two_states_forward(rng):
     ins, Yh, Yc = lstm(6, 3, 4, 5)
-    values = [normal(*t.shape) for t in ins]
+    values = [normal(rng, *t.shape) for t in ins]
     yh, yc = run(ins, [Yh, Yc], values)
     rh, rc = lstm_numpy(*values)
     np.testing.assert_allclose(yh, rh, rtol=1e-12, atol=1e-12)
@@ -148,7 +147,7 @@ def test_lstm_two_states_forward():
     np.testing.assert_allclose(run(ins, [Yh], values), rh, rtol=1e-12, atol=1e-12)
 
 
-def test_scan_read_by_compute_and_by_scan():
+def test_scan_read_by_compute_and_by_scan(rng):
     T, n = 9, 3
     ins, Y = two_back(T, n)
     X, a = ins
@@ -158,7 +157,7 @@ def test_scan_read_by_compute_and_by_scan():
     zu = te.compute((T,), lambda t: te.tanh(S2[t - 1] + te.sum(Y[t, r] * a[r], axis=r)), name="zu")
     Z = te.scan(z0, zu, S2, name="Z")
     twice = te.compute((T, n), lambda t, i: Y[t, i] * 2.0, name="twice")
-    x, av = normal(T, n, scale=1.0), normal(n)
+    x, av = normal(rng, T, n, scale=1.0), normal(rng, n)
     z, tw = run([X, a], [Z, twice], [x, av])
     y = two_back_numpy(x, av)
     ref = np.zeros(T)
@@ -181,13 +180,13 @@ def test_pretty_shows_the_scan_and_its_reverse():
     assert "dW[i0, i1] = sum[t in 0..4, b in 0..2](dh.r1[t, b, i0] * hs[" in back   # summed over time
 
 
-def test_no_update_step_and_an_integer_state():
+def test_no_update_step_and_an_integer_state(rng):
     """k = T: the result is the initial values; an int32 counter as a second
     state (no derivative) read by the float one."""
     T, n = 5, 3
     X = te.placeholder((T, n), F64, name="X")
     S = te.placeholder((T, n), F64, name="S")
-    x = normal(T, n, scale=1.0)
+    x = normal(rng, T, n, scale=1.0)
     whole = te.compute((T, n), lambda t, i: X[t, i] * 3.0, name="whole")
     Y = te.scan(whole, te.compute((T, n), lambda t, i: S[t - 1, i], name="u"), S, name="Y")
     np.testing.assert_allclose(run([X], [Y], [x]), 3 * x)
@@ -211,27 +210,27 @@ def test_no_update_step_and_an_integer_state():
 # --------------------------------------------------------------- gradients
 
 
-def test_elman_gradient_finite_differences():
+def test_elman_gradient_finite_differences(rng):
     ins, Y = elman(6, 2, 4, 3)
-    te.check_gradient(Y, ins, [normal(*t.shape) for t in ins])
+    te.check_gradient(Y, ins, [normal(rng, *t.shape) for t in ins])
 
 
-def test_k2_gradient_finite_differences():
+def test_k2_gradient_finite_differences(rng):
     ins, Y = two_back(10, 3)
-    te.check_gradient(Y, ins, [normal(10, 3, scale=1.0), normal(3)])
+    te.check_gradient(Y, ins, [normal(rng, 10, 3, scale=1.0), normal(rng, 3)])
 
 
-def test_lstm_gradient_finite_differences_both_states():
+def test_lstm_gradient_finite_differences_both_states(rng):
     ins, Yh, Yc = lstm(5, 2, 3, 4)
     T, B, H = Yh.shape
     Hd = te.placeholder(Yh.shape, F64, name="Hd")
     t, b, i = te.reduce_axis(T, "t"), te.reduce_axis(B, "b"), te.reduce_axis(H, "i")
     L = te.compute((1,), lambda _: te.sum(Yh[t, b, i] * Hd[t, b, i] + Yc[t, b, i] * Yc[t, b, i], axis=[t, b, i]),
                    name="L")
-    te.check_gradient(L, ins + [Hd], [normal(*x.shape) for x in ins + [Hd]])
+    te.check_gradient(L, ins + [Hd], [normal(rng, *x.shape) for x in ins + [Hd]])
 
 
-def test_readout_of_the_last_state_gradient():
+def test_readout_of_the_last_state_gradient(rng):
     """A loss on the last state only, through a read-out: the weight gradients
     read the step's adjoints kept by the reverse scan (packed for a GEMM)."""
     T, B, H = 5, 8, 6
@@ -247,10 +246,10 @@ def test_readout_of_the_last_state_gradient():
     hs = te.scan(h0, step, S, name="hs")
     y = te.compute((B,), lambda n: te.sum(v[k] * hs[T, n, k], axis=k), name="y")
     loss = te.compute((1,), lambda _: te.sum(y[b] * y[b], axis=b), name="loss")
-    te.check_gradient(loss, [X, W, U, v], [normal(T, B), normal(H, H), normal(H), normal(H)])
+    te.check_gradient(loss, [X, W, U, v], [normal(rng, T, B), normal(rng, H, H), normal(rng, H), normal(rng, H)])
 
 
-def test_scan_of_scan_gradient_counts_shared_weights_once():
+def test_scan_of_scan_gradient_counts_shared_weights_once(rng):
     """``a`` is read by the step of Y and by the step of Z, which reads Y."""
     T, n = 8, 3
     (X, a), Y = two_back(T, n)
@@ -259,10 +258,10 @@ def test_scan_of_scan_gradient_counts_shared_weights_once():
     r = te.reduce_axis(n, "r")
     zu = te.compute((T,), lambda t: te.tanh(S2[t - 1] + te.sum(Y[t, r] * a[r], axis=r)), name="zu")
     Z = te.scan(z0, zu, S2, name="Z")
-    te.check_gradient(Z, [X, a], [normal(T, n, scale=1.0), normal(n)])
+    te.check_gradient(Z, [X, a], [normal(rng, T, n, scale=1.0), normal(rng, n)])
 
 
-def test_second_order_through_scans():
+def test_second_order_through_scans(rng):
     T, n = 7, 2
     (X, a), Y = two_back(T, n)
     dX, da = te.gradient(Y, [X, a])
@@ -270,10 +269,10 @@ def test_second_order_through_scans():
     q, p, p2 = te.reduce_axis(T, "q"), te.reduce_axis(n, "p"), te.reduce_axis(n, "p2")
     L2 = te.compute((1,), lambda _: te.sum(dX[q, p] * V[q, p], axis=[q, p]) + te.sum(da[p2] * da[p2], axis=p2),
                     name="L2")
-    te.check_gradient(L2, [X, a, V], [normal(T, n, scale=1.0), normal(n), normal(T, n)], rtol=1e-3)
+    te.check_gradient(L2, [X, a, V], [normal(rng, T, n, scale=1.0), normal(rng, n), normal(rng, T, n)], rtol=1e-3)
 
 
-def test_second_order_through_kept_step_values():
+def test_second_order_through_kept_step_values(rng):
     """The LSTM's gradient reads the gates the forward scan kept; its own
     gradient must send the adjoint of those kept values back into the scan."""
     ins, Yh, _ = lstm(4, 2, 2, 3)
@@ -283,7 +282,7 @@ def test_second_order_through_kept_step_values():
     a, b, c, d = (te.reduce_axis(n, name) for n, name in zip(W.shape + R.shape, "abcd"))
     L2 = te.compute((1,), lambda _: te.sum(dW[a, b] * V1[a, b], axis=[a, b]) + te.sum(dR[c, d] * V2[c, d], axis=[c, d]),
                     name="L2")
-    values = [normal(*t.shape) for t in ins + [V1, V2]]
+    values = [normal(rng, *t.shape) for t in ins + [V1, V2]]
     te.check_gradient(L2, ins + [V1, V2], values, rtol=1e-3)
 
 
@@ -291,11 +290,11 @@ def _torch():
     return pytest.importorskip("torch", reason="PyTorch autograd is the independent implementation")
 
 
-def test_elman_gradients_match_pytorch():
+def test_elman_gradients_match_pytorch(rng):
     torch = _torch()
     ins, Y = elman(6, 3, 5, 4)
-    values = [normal(*t.shape) for t in ins]
-    head = normal(*Y.shape)
+    values = [normal(rng, *t.shape) for t in ins]
+    head = normal(rng, *Y.shape)
     H = te.placeholder(Y.shape, F64, name="H")
     grads = te.gradient(Y, ins, head=H)
     got = run(ins + [H], grads, values + [head])
@@ -309,11 +308,11 @@ def test_elman_gradients_match_pytorch():
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=x_.name)
 
 
-def test_lstm_gradients_match_pytorch():
+def test_lstm_gradients_match_pytorch(rng):
     torch = _torch()
     ins, Yh, Yc = lstm(5, 2, 3, 4)
-    values = [normal(*t.shape) for t in ins]
-    hh, hc = normal(*Yh.shape), normal(*Yc.shape)
+    values = [normal(rng, *t.shape) for t in ins]
+    hh, hc = normal(rng, *Yh.shape), normal(rng, *Yc.shape)
     T, B, H = Yh.shape
     Hh, Hc = te.placeholder(Yh.shape, F64, name="Hh"), te.placeholder(Yc.shape, F64, name="Hc")
     t, b, i = te.reduce_axis(T, "t"), te.reduce_axis(B, "b"), te.reduce_axis(H, "i")
@@ -372,7 +371,7 @@ def test_cost_counts_steps_times_body():
     assert te.cost([X], [Z])["iterations"] == n + (m - 1) * n * n
 
 
-def test_store_and_recompute_choose_for_the_step():
+def test_store_and_recompute_choose_for_the_step(rng):
     """A step's intermediate is stored (a stage in the time loop) or inlined
     where it is read, as store= / recompute= say; the values do not change."""
     T, n = 9, 16
@@ -382,7 +381,7 @@ def test_store_and_recompute_choose_for_the_step():
     mid = te.compute((T, n), lambda t, i: te.tanh(S[t - 1, i] * 0.5) + X[t, i], name="mid")
     upd = te.compute((T, n), lambda t, i: mid[t, i] * mid[t, (i + 1) % n], name="upd")
     Y = te.scan(init, upd, S, name="Y")
-    x = normal(T, n, scale=1.0)
+    x = normal(rng, T, n, scale=1.0)
     stored = te.build([X], [Y], store=[mid])
     inlined = te.build([X], [Y], recompute=[mid])
     assert "stage mid:" in stored.loop_ir and "stage mid:" not in inlined.loop_ir
@@ -409,7 +408,7 @@ def test_threads_give_the_same_bits():
     assert len(set(runs.values())) == 1, runs
 
 
-def test_short_steps_are_split_only_while_splitting_pays():
+def test_short_steps_are_split_only_while_splitting_pays(rng):
     """A time loop's short steps are split across threads only while the
     kernel's own calls show it is faster (runtime._StepSplit): both ways
     are tried, the faster kept, the other probed ever less often while it

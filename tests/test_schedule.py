@@ -16,7 +16,6 @@ from lowering.schedule import TILE_VECTORS, blocking
 from lowering.schedule.blocking import ALIGN_MIN_VECTORS
 from lowering.schedule.residues import MAX_RESIDUES
 
-RNG = np.random.default_rng(2024)
 
 
 def unscheduled(inputs, outputs, arrays):
@@ -49,14 +48,15 @@ def matmul(n, k, m, dtype="float32", transposed=False):
 # ------------------------------------------------------------------ math
 
 
+_ARGS_RNG = np.random.default_rng(2024)     # import-time data: the same arguments in any test order
 F32_ARGS = np.concatenate([
-    RNG.standard_normal(4000) * 30, np.exp(RNG.uniform(-87, 88, 4000)), -np.exp(RNG.uniform(-20, 20, 4000)),
-    RNG.uniform(-1, 1, 4000) * 1e-5, RNG.uniform(-1, 1, 4000), np.exp(RNG.uniform(-103, -87, 1000)),
+    _ARGS_RNG.standard_normal(4000) * 30, np.exp(_ARGS_RNG.uniform(-87, 88, 4000)), -np.exp(_ARGS_RNG.uniform(-20, 20, 4000)),
+    _ARGS_RNG.uniform(-1, 1, 4000) * 1e-5, _ARGS_RNG.uniform(-1, 1, 4000), np.exp(_ARGS_RNG.uniform(-103, -87, 1000)),
     [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-45, -1e-45, 1.2e-38, 88.7, 88.8, 89.0, -87.5,
      -103.9, -104.0, -200.0, -0.99999994, -1.0000001, 3.4e38, -3.4e38, 0.625, -0.625, 9.0, 20.0]])
 F64_ARGS = np.concatenate([
-    RNG.standard_normal(4000) * 30, np.exp(RNG.uniform(-700, 700, 4000)), -np.exp(RNG.uniform(-50, 50, 4000)),
-    RNG.uniform(-1, 1, 4000) * 1e-9, RNG.uniform(-1, 1, 4000), np.exp(RNG.uniform(-745, -708, 1000)),
+    _ARGS_RNG.standard_normal(4000) * 30, np.exp(_ARGS_RNG.uniform(-700, 700, 4000)), -np.exp(_ARGS_RNG.uniform(-50, 50, 4000)),
+    _ARGS_RNG.uniform(-1, 1, 4000) * 1e-9, _ARGS_RNG.uniform(-1, 1, 4000), np.exp(_ARGS_RNG.uniform(-745, -708, 1000)),
     [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 5e-324, 2.2e-308, 709.7, 709.8, 710.0, -745.0, -745.2,
      -746.0, -1000.0, -0.9999999999999999, -1.0000000000000002, 1.7e308, -1.7e308]])
 FUNCTIONS = {"exp": (te.exp, np.exp), "log": (te.log, np.log), "log1p": (te.log1p, np.log1p),
@@ -152,18 +152,18 @@ def test_gemm_register_tile_reuses_loads():
     assert k_loop.count("acc") >= tile * 3 and f"simd[{target.lanes(4)}]" in text and "parallel for i.o" in text
 
 
-def test_transposed_operand_is_packed():
+def test_transposed_operand_is_packed(rng):
     """A transposed copy (a gather) leaves its loops to LLVM's unroller."""
     A, B, C = matmul(64, 48, 40, transposed=True)
     kernel = te.build([A, B], [C])
     assert [s.name for s in kernel.program.stages] == ["B.packed", "C"]
     assert "partial for" not in kernel.scheduled_ir
-    a, b = RNG.standard_normal(A.shape, np.float32), RNG.standard_normal(B.shape, np.float32)
+    a, b = rng.standard_normal(A.shape, np.float32), rng.standard_normal(B.shape, np.float32)
     np.testing.assert_allclose(kernel(a, b), a @ b.T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("n,k,m", [(256, 256, 256), (130, 260, 150)])
-def test_gemm_operands_are_read_from_panels(n, k, m, threads):
+def test_gemm_operands_are_read_from_panels(rng, n, k, m, threads):
     """C = A^T B with operands larger than L1: B is copied into column panels
     (tiles of 2 vectors), A^T into row panels of 8 rows; the column tiles
     are the parallel root.  Tails in both dimensions, any thread count."""
@@ -183,7 +183,7 @@ def test_gemm_operands_are_read_from_panels(n, k, m, threads):
     kinds = [s.kind for name in ("A.packed", "B.packed") for s in walk(stage(kernel, name).body)
              if isinstance(s, For) and s.kind != "parallel" and any(isinstance(x, For) for x in walk(s.body))]
     assert kinds and set(kinds) == {"partial"}, kinds
-    a, b = RNG.standard_normal(A.shape, np.float32), RNG.standard_normal(B.shape, np.float32)
+    a, b = rng.standard_normal(A.shape, np.float32), rng.standard_normal(B.shape, np.float32)
     runs = []
     for t in (1, 2, 3):
         threads(t)
@@ -193,7 +193,7 @@ def test_gemm_operands_are_read_from_panels(n, k, m, threads):
     np.testing.assert_allclose(runs[0], a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_k_blocks_of_a_gemm_with_a_transposed_output_add_up_in_a_temporary():
+def test_k_blocks_of_a_gemm_with_a_transposed_output_add_up_in_a_temporary(rng):
     """The lanes run along the batch, which is not contiguous in the output:
     the K blocks keep their partial sums in a temporary with the batch last,
     and an epilogue stage applies tanh and writes the output."""
@@ -204,12 +204,12 @@ def test_k_blocks_of_a_gemm_with_a_transposed_output_add_up_in_a_temporary():
     Y = te.compute((64, 256), lambda i, j: te.tanh(te.sum(X[i, r] * W[j, r], axis=r)), name="Y")
     kernel = te.build([X, W], [Y])
     assert [s.name for s in kernel.program.stages][-2:] == ["Y.sums", "Y"]
-    x = RNG.standard_normal(X.shape, np.float32) * 0.05
-    w = RNG.standard_normal(W.shape, np.float32) * 0.05
+    x = rng.standard_normal(X.shape, np.float32) * 0.05
+    w = rng.standard_normal(W.shape, np.float32) * 0.05
     np.testing.assert_allclose(kernel(x, w), np.tanh(x.astype(np.float64) @ w.T), rtol=2e-5, atol=2e-6)
 
 
-def test_loss_reduction_runs_in_lanes_and_transposed_reads_are_blocked():
+def test_loss_reduction_runs_in_lanes_and_transposed_reads_are_blocked(rng):
     n = 96
     A = te.placeholder((2 * n, n), "float32", "A")
     H = te.placeholder((n, n), "float32", "H")
@@ -218,7 +218,7 @@ def test_loss_reduction_runs_in_lanes_and_transposed_reads_are_blocked():
     T = te.compute((n, n), lambda i, j: A[2 * j + 1, i], name="T")
     kernel = te.build([A, H], [loss, T])
     assert "add_lanes" in kernel.scheduled_ir and ".b in" in kernel.scheduled_ir
-    a, h = RNG.standard_normal(A.shape, np.float32), RNG.standard_normal(H.shape, np.float32)
+    a, h = rng.standard_normal(A.shape, np.float32), rng.standard_normal(H.shape, np.float32)
     got_loss, got_t = kernel(a, h)
     np.testing.assert_array_equal(got_t, a[1::2].T)
     np.testing.assert_allclose(got_loss[0], np.sum(a[1::2].T.astype(np.float64) * h), rtol=1e-5)
@@ -226,22 +226,22 @@ def test_loss_reduction_runs_in_lanes_and_transposed_reads_are_blocked():
 
 @pytest.mark.parametrize("n,k,m", [(1, 1, 1), (7, 5, 3), (37, 29, 53), (16, 400, 48), (9, 777, 33)])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_gemm_tails_and_blocked_reductions(n, k, m, transposed):
+def test_gemm_tails_and_blocked_reductions(rng, n, k, m, transposed):
     A, B, C = matmul(n, k, m, transposed=transposed)
-    a = RNG.standard_normal(A.shape).astype(np.float32)
-    b = RNG.standard_normal(B.shape).astype(np.float32)
+    a = rng.standard_normal(A.shape).astype(np.float32)
+    b = rng.standard_normal(B.shape).astype(np.float32)
     want = a.astype(np.float64) @ (b.T if transposed else b).astype(np.float64)
     np.testing.assert_allclose(te.build([A, B], [C])(a, b), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-def test_k_blocked_gemm_keeps_each_elements_sum_order():
+def test_k_blocked_gemm_keeps_each_elements_sum_order(rng):
     """Blocks resume from the partial sum: same bits as one unblocked pass."""
     A, B, C = matmul(24, 3 * blocking(te.target()).k_block - 68, 40)    # 700 with 256-step blocks
     Y = te.compute(C.shape, lambda i, j: te.tanh(C[i, j]) * 2.0, name="Y")
     kernel = te.build([A, B], [Y])
     assert "k.b" in kernel.scheduled_ir
-    a = RNG.standard_normal(A.shape).astype(np.float32) * 0.05
-    b = RNG.standard_normal(B.shape).astype(np.float32) * 0.05
+    a = rng.standard_normal(A.shape).astype(np.float32) * 0.05
+    b = rng.standard_normal(B.shape).astype(np.float32) * 0.05
     np.testing.assert_allclose(kernel(a, b), np.tanh(a.astype(np.float64) @ b) * 2, rtol=2e-5, atol=2e-6)
 
 
@@ -270,22 +270,22 @@ def conv_reference(x, w, pad):
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 9, 5, 3, 1), (3, 4, 7, 17, 3, 0), (1, 2, 20, 3, 5, 2)])
-def test_conv_forward_and_gradients_with_odd_shapes(shape):
+def test_conv_forward_and_gradients_with_odd_shapes(rng, shape):
     *dims, pad = shape
     X, W, Y = conv(*dims, pad)
     H = te.placeholder(Y.shape, "float32", "H")
     dX, dW = te.gradient(Y, [X, W], head=H)
     kernel = te.build([X, W, H], [Y, dX, dW])
-    x = RNG.standard_normal(X.shape).astype(np.float32)
-    w = RNG.standard_normal(W.shape).astype(np.float32)
-    h = RNG.standard_normal(H.shape).astype(np.float32)
+    x = rng.standard_normal(X.shape).astype(np.float32)
+    w = rng.standard_normal(W.shape).astype(np.float32)
+    h = rng.standard_normal(H.shape).astype(np.float32)
     y, gx, gw = kernel(x, w, h)
     np.testing.assert_allclose(y, conv_reference(x, w, pad), rtol=1e-4, atol=1e-4)
     for got, want in zip((gx, gw), unscheduled([X, W, H], [dX, dW], [x, w, h])):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_padding_tests_are_peeled_off_the_interior_rows():
+def test_padding_tests_are_peeled_off_the_interior_rows(rng):
     """The data gradient of a padded convolution tiles the output columns;
     the tests on the column hold away from the borders, so the interior tile
     keeps only the test on the row (the border tiles keep theirs)."""
@@ -296,14 +296,14 @@ def test_padding_tests_are_peeled_off_the_interior_rows():
     tests = [sum(isinstance(x, If) for x in walk(s.body)) for s in walk(stage(kernel, "dX").body)
              if isinstance(s, Simd)]           # dXp, read without its border, is computed in dX
     assert min(tests) == 1 and max(tests) > 1
-    x = RNG.standard_normal(X.shape).astype(np.float32)
-    w = RNG.standard_normal(W.shape).astype(np.float32)
-    h = RNG.standard_normal(H.shape).astype(np.float32)
+    x = rng.standard_normal(X.shape).astype(np.float32)
+    w = rng.standard_normal(W.shape).astype(np.float32)
+    h = rng.standard_normal(H.shape).astype(np.float32)
     for got, want in zip(kernel(x, w, h), unscheduled([X, W, H], [Y, dX, dW], [x, w, h])):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_guarded_reads_in_vector_lanes_stay_in_bounds():
+def test_guarded_reads_in_vector_lanes_stay_in_bounds(rng):
     """A select whose other branch would read far out of bounds: the vector
     code reads only where its lanes' condition holds."""
     n, m = 37, 21
@@ -311,18 +311,18 @@ def test_guarded_reads_in_vector_lanes_stay_in_bounds():
     far = te.const(10 ** 12, "int64")
     cat = te.compute((n + m,), lambda i: te.if_then_else(
         i < n, A[i], B[i - n + far * te.maximum(n - i, 0)]), name="cat")
-    a, b = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(m).astype(np.float32)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(m).astype(np.float32)
     np.testing.assert_array_equal(te.build([A, B], [cat])(a, b), np.concatenate([a, b]))
 
 
-def test_data_dependent_index_checked_in_vector_lanes():
+def test_data_dependent_index_checked_in_vector_lanes(rng):
     X = te.placeholder((50, 40), "float32", "X")
     idx = te.placeholder((40,), "int32", "idx")
     G = te.compute((3, 40), lambda t, c: X[idx[c], c] * (t + 1), name="G")
     kernel = te.build([X, idx], [G])
     assert has_simd(kernel.program.stages[0])
-    x = RNG.standard_normal(X.shape).astype(np.float32)
-    good = RNG.integers(0, 50, 40).astype(np.int32)
+    x = rng.standard_normal(X.shape).astype(np.float32)
+    good = rng.integers(0, 50, 40).astype(np.int32)
     want = x[good, np.arange(40)] * np.arange(1, 4, dtype=np.float32)[:, None]
     np.testing.assert_array_equal(kernel(x, good), want)
     bad = good.copy()
@@ -331,7 +331,7 @@ def test_data_dependent_index_checked_in_vector_lanes():
         kernel(x, bad)
 
 
-def test_row_max_gradient_argmax_vectorises_across_rows():
+def test_row_max_gradient_argmax_vectorises_across_rows(rng):
     """The gradient of a row maximum goes to the first maximum of the row; the
     argmax stage (a test and two assignments per step) runs rows in lanes."""
     Z = te.placeholder((45, 300), "float32", "Z")
@@ -341,9 +341,9 @@ def test_row_max_gradient_argmax_vectorises_across_rows():
     (dZ,) = te.gradient(m, [Z], head=H)
     kernel = te.build([Z, H], [m, dZ])
     assert has_simd(stage(kernel, "m.argmax"))
-    z = RNG.standard_normal(Z.shape).astype(np.float32)
+    z = rng.standard_normal(Z.shape).astype(np.float32)
     z[3, [10, 20]] = 9.0                                # ties: the first position wins
-    h = RNG.standard_normal(45).astype(np.float32)
+    h = rng.standard_normal(45).astype(np.float32)
     got_m, got_dz = kernel(z, h)
     want = np.zeros_like(z)
     want[np.arange(45), np.argmax(z, axis=1)] = h
@@ -352,7 +352,7 @@ def test_row_max_gradient_argmax_vectorises_across_rows():
 
 
 @pytest.mark.parametrize("rows, cols, window", [(45, 300, False), (8, 14, True)])
-def test_argmax_positions_are_int32_in_long_rows(rows, cols, window):
+def test_argmax_positions_are_int32_in_long_rows(rng, rows, cols, window):
     """The first position of a long row's maximum is tracked in int32 (twice
     the vector lanes of int64; AVX2 has no int64 min), that of a pooling
     window's in int64 (scalar selects); the gradient is the same."""
@@ -365,8 +365,8 @@ def test_argmax_positions_are_int32_in_long_rows(rows, cols, window):
     (dX,) = te.gradient(m, [X], head=H)
     kernel = te.build([X, H], [dX])
     assert f"m.argmax: {'int64' if window else 'int32'}[" in kernel.loop_ir
-    x = RNG.standard_normal(X.shape).astype(np.float32)
-    h = RNG.standard_normal(H.shape).astype(np.float32)
+    x = rng.standard_normal(X.shape).astype(np.float32)
+    h = rng.standard_normal(H.shape).astype(np.float32)
     groups = x.reshape(rows, cols, 2) if window else x[:, None, :]
     first = np.argmax(groups, axis=2)
     want = np.zeros_like(groups)
@@ -375,7 +375,7 @@ def test_argmax_positions_are_int32_in_long_rows(rows, cols, window):
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
-def test_math_stages_run_dependency_chains_side_by_side(target):
+def test_math_stages_run_dependency_chains_side_by_side(rng, target):
     """A value passing through two functions such as exp in turn (tanh of
     a sigmoid) runs in as many vectors per step as the register file holds
     chains of such a function (four vector registers each: eight with
@@ -390,7 +390,7 @@ def test_math_stages_run_dependency_chains_side_by_side(target):
     w = te.compute((1000,), lambda i: te.tanh(te.sigmoid(x[i]) * te.exp(-x[i] * x[i])), name="w")
     z = te.compute((1000,), lambda i: x[i] * 2.0, name="z")
     lanes = te.target(target).lanes(4)
-    data = RNG.standard_normal(1000).astype(np.float32)
+    data = rng.standard_normal(1000).astype(np.float32)
     widths = {}
     for out in (y, w, z):
         kernel = te.build([x], [out], target=target)
@@ -405,7 +405,7 @@ def test_math_stages_run_dependency_chains_side_by_side(target):
     assert widths == {"y": {chains // 2 * lanes}, "w": {chains * lanes}, "z": {lanes}}
 
 
-def test_a_scan_step_applying_math_keeps_one_vector_per_step():
+def test_a_scan_step_applying_math_keeps_one_vector_per_step(rng):
     """The stages of a scan's step are small slices: they keep one vector per
     step (two would cost build time for no measurable gain)."""
     T, B, H = 4, 2, 64
@@ -418,8 +418,8 @@ def test_a_scan_step_applying_math_keeps_one_vector_per_step():
     steps = [st for st in kernel.program.stages if st.step is not None]
     assert steps
     assert {s.lanes for st in steps for s in walk(st.body) if isinstance(s, Simd)} == {te.target().lanes(4)}
-    x = RNG.standard_normal((T, B, H)).astype(np.float32)
-    y0 = RNG.standard_normal((1, B, H)).astype(np.float32)
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    y0 = rng.standard_normal((1, B, H)).astype(np.float32)
     want = [y0[0]]
     for t in range(1, T):
         want.append(np.tanh(want[-1] * 0.5 + x[t]))
@@ -429,7 +429,7 @@ def test_a_scan_step_applying_math_keeps_one_vector_per_step():
 # ------------------------------------------------------ runs and threads
 
 
-def mixed_program():
+def mixed_program(rng):
     """Forward and backward of a small network: GEMMs, reductions, transcendental functions."""
     X = te.placeholder((70, 130), "float32", "X")
     W = te.placeholder((90, 130), "float32", "W")
@@ -439,14 +439,14 @@ def mixed_program():
     r0, r1 = te.reduce_axis(70, "r0"), te.reduce_axis(90, "r1")
     loss = te.compute((1,), lambda _: te.sum(te.log1p(h[r0, r1] * h[r0, r1]), axis=[r0, r1]), name="loss")
     grads = te.gradient(loss, [X, W, b])
-    arrays = [RNG.standard_normal(X.shape).astype(np.float32),
-              RNG.standard_normal(W.shape).astype(np.float32) * 0.1,
-              RNG.standard_normal(b.shape).astype(np.float32)]
+    arrays = [rng.standard_normal(X.shape).astype(np.float32),
+              rng.standard_normal(W.shape).astype(np.float32) * 0.1,
+              rng.standard_normal(b.shape).astype(np.float32)]
     return [X, W, b], [loss] + grads, arrays
 
 
-def test_results_are_bit_identical_for_any_thread_count(threads):
-    inputs, outputs, arrays = mixed_program()
+def test_results_are_bit_identical_for_any_thread_count(rng, threads):
+    inputs, outputs, arrays = mixed_program(rng)
     kernel = te.build(inputs, outputs)
     runs = []
     for n in (1, 2, 3, 1):
@@ -476,8 +476,8 @@ def test_data_address_of_writable_read_only_and_empty_arrays():
         assert runtime.data_address(x) == x.ctypes.data
 
 
-def test_python_thread_pool_fallback_matches(threads, monkeypatch):
-    inputs, outputs, arrays = mixed_program()
+def test_python_thread_pool_fallback_matches(rng, threads, monkeypatch):
+    inputs, outputs, arrays = mixed_program(rng)
     kernel = te.build(inputs, outputs)
     threads(2)
     want = kernel(*arrays)
@@ -490,8 +490,8 @@ def test_python_thread_pool_fallback_matches(threads, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_temporaries_are_reused_and_outputs_are_fresh():
-    inputs, outputs, arrays = mixed_program()
+def test_temporaries_are_reused_and_outputs_are_fresh(rng):
+    inputs, outputs, arrays = mixed_program(rng)
     kernel = te.build(inputs, outputs)
     first = kernel(*arrays)
     second = kernel(*arrays)
@@ -501,13 +501,13 @@ def test_temporaries_are_reused_and_outputs_are_fresh():
         assert a.ctypes.data % 64 == 0
 
 
-def test_repeated_calls_agree_when_the_root_loop_is_moved(threads):
+def test_repeated_calls_agree_when_the_root_loop_is_moved(rng, threads):
     """A K-blocked GEMM with 10 columns: the root (parallel) loop is the row
     tile loop moved out past the K blocks; every call must agree."""
     A, B, C = matmul(128, 512, 10, transposed=True)
     kernel = te.build([A, B], [C])
-    a = RNG.standard_normal(A.shape).astype(np.float32)
-    b = RNG.standard_normal(B.shape).astype(np.float32)
+    a = rng.standard_normal(A.shape).astype(np.float32)
+    b = rng.standard_normal(B.shape).astype(np.float32)
     threads(2)
     first = kernel(a, b)
     for _ in range(20):
@@ -515,15 +515,15 @@ def test_repeated_calls_agree_when_the_root_loop_is_moved(threads):
     np.testing.assert_allclose(first, a.astype(np.float64) @ b.T, rtol=1e-4, atol=1e-3)
 
 
-def test_stage_code_is_the_same_on_every_path():
+def test_stage_code_is_the_same_on_every_path(rng):
     """A stage called alone, through run_stages or split into thread chunks
     runs the same machine code (stage entries are never inlined)."""
-    kernel = te.build(*mixed_program()[:2])
+    kernel = te.build(*mixed_program(rng)[:2])
     for n in range(len(kernel.program.stages)):
         assert f"call void @stage{n}(" in kernel.llvm_ir
 
 
-def test_large_outputs_written_once_use_streaming_stores():
+def test_large_outputs_written_once_use_streaming_stores(rng):
     """A 4 MB output written with full vectors skips the cache (non-temporal
     stores); one below the target's streaming threshold (L2), and an output a
     K-blocked GEMM reads back, do not."""
@@ -535,7 +535,7 @@ def test_large_outputs_written_once_use_streaming_stores():
     small = te.build([x], [te.compute((n_small,), lambda i: x[i] + 1.0, name="small")])
     assert "!nontemporal" in big.llvm_ir and "!nontemporal" not in small.llvm_ir
     assert "llvm.x86.sse.sfence" in big.llvm_ir
-    xs = RNG.standard_normal(n).astype(np.float32)
+    xs = rng.standard_normal(n).astype(np.float32)
     np.testing.assert_allclose(big(xs), np.exp(xs) * 2.0, rtol=2e-6)
     A, B, C = matmul(512, 1024, 1024)
     gemm = te.build([A, B], [C])
@@ -548,7 +548,7 @@ def test_large_outputs_written_once_use_streaming_stores():
 
 
 @pytest.mark.parametrize("name,streams", [("haswell", False), ("skylake-avx512", True)])
-def test_a_transposed_write_streams_only_whole_cache_lines(name, streams):
+def test_a_transposed_write_streams_only_whole_cache_lines(rng, name, streams):
     """A gathering transpose (``A[j, 2i]``: every other element of a row, so
     not read as rows) writes a tile's rows in turn, one vector each:
     AVX-512's 64-byte vector is a whole cache line and streams; AVX2's
@@ -568,13 +568,13 @@ def test_a_transposed_write_streams_only_whole_cache_lines(name, streams):
     rows = te.build([A], [te.compute((n, n), lambda i, j: A[i, j] * 2.0, name="B")], target=name)
     assert "!nontemporal" in rows.llvm_ir
     if gathered.target.missing_on_host() is None:
-        a = RNG.standard_normal((n, 2 * n)).astype(np.float32)
+        a = rng.standard_normal((n, 2 * n)).astype(np.float32)
         np.testing.assert_array_equal(gathered(a), a[:, ::2].T * 2)
         np.testing.assert_array_equal(transposed(a), a.T * 2)
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
-def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(target):
+def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(rng, target):
     """``T[i, j] = A[j, i]``: the vector loop along ``j`` reads ``A``
     strided across its lanes and contiguously along ``i``, the loop of rule
     8's blocks.  That loop runs inside the lanes as a loop of kind
@@ -604,7 +604,7 @@ def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(target):
             assert {x.lanes for x in loops if isinstance(x, Simd)} == {
                 max(te.target(target).lanes(item), min(64 // item, 2 * te.target(target).lanes(item)))}
         run = kernel if kernel.target.missing_on_host() is None else te.build([A], [T], target="host")
-        a = RNG.standard_normal((rows, cols)).astype(dtype)
+        a = rng.standard_normal((rows, cols)).astype(dtype)
         flat = _aligned((rows * cols + 64,), dtype, 64)[0]
         for offset in (0, 16):              # bytes past a cache line, as numpy's large arrays start
             start = offset // np.dtype(dtype).itemsize
@@ -653,7 +653,7 @@ def _aligned_grid_loss(n: int, m: int):
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
-def test_vector_grids_start_on_the_lines_of_the_input_they_read(target):
+def test_vector_grids_start_on_the_lines_of_the_input_they_read(rng, target):
     """Where loops over rows run inside a vector loop (a reduction in lanes
     with rows inside, a transposing copy whose column sweep exceeds L1),
     the whole vectors start on the cache lines of the input read along the
@@ -672,11 +672,14 @@ def test_vector_grids_start_on_the_lines_of_the_input_they_read(target):
         shifted = m % lanes == 0 and m >= ALIGN_MIN_VECTORS * lanes
         assert ("align_gap(H, " in kernel.scheduled_ir) == shifted, (n, m)
         run = te.build(inputs, [loss], target=run_target)
-        a = RNG.standard_normal((2 * m, n)).astype(np.float32)
-        h = RNG.standard_normal((n, m)).astype(np.float32)
-        want = np.sum(a[1::2].T.astype(np.float64) * h)
+        # small integers: every partial sum is exact in float32 (|sum| < 2^24), so
+        # any order of the additions gives the same bits and a term dropped or
+        # counted twice by a misplaced vector shows
+        a = rng.integers(-3, 4, (2 * m, n)).astype(np.float32)
+        h = rng.integers(-3, 4, (n, m)).astype(np.float32)
+        want = np.sum(a[1::2].T.astype(np.int64) * h.astype(np.int64))
         for oa, oh in ((0, 0), (16, 16), (4, 60), (48, 8), (60, 32)):
-            np.testing.assert_allclose(run(_placed(a, oa), _placed(h, oh))[0], want, rtol=2e-5)
+            np.testing.assert_array_equal(run(_placed(a, oa), _placed(h, oh))[0], want)
     for rows, cols, dtype, shifted in ((1024, 256, "float32", True), (1024, 128, "float64", True),
                                        (1024, 1000, "float32", False), (1024, 64, "float32", False),
                                        (256, 256, "float32", False)):
@@ -685,7 +688,7 @@ def test_vector_grids_start_on_the_lines_of_the_input_they_read(target):
         kernel = te.build([A], [T], target=target)
         assert ("align_gap(A, " in kernel.scheduled_ir) == shifted, (rows, cols)
         run = te.build([A], [T], target=run_target)
-        a = RNG.standard_normal((rows, cols)).astype(dtype)
+        a = rng.standard_normal((rows, cols)).astype(dtype)
         item = np.dtype(dtype).itemsize
         for offset in range(0, 64, 3 * item):
             np.testing.assert_array_equal(run(_placed(a, offset)), a.T)
@@ -697,7 +700,7 @@ def test_vector_grids_start_on_the_lines_of_the_input_they_read(target):
 
 
 @pytest.mark.parametrize("name,rolled", [("haswell", True), ("skylake-avx512", False)])
-def test_shared_broadcasts_stay_rolled_where_registers_are_short(name, rolled):
+def test_shared_broadcasts_stay_rolled_where_registers_are_short(rng, name, rolled):
     """A convolution's rows x read Xp[x + rx]: unrolling rx lets LLVM keep the
     shared broadcasts live, more than AVX2's 16 registers hold beside a 6 x 2
     tile (the rx loop stays rolled) but not more than AVX-512's 32."""
@@ -706,13 +709,13 @@ def test_shared_broadcasts_stay_rolled_where_registers_are_short(name, rolled):
     assert ("rolled for rx" in kernel.scheduled_ir) == rolled
     assert ("rolled for" in kernel.scheduled_ir) == rolled
     if te.target(name).missing_on_host() is None:
-        x = RNG.standard_normal(X.shape).astype(np.float32)
-        w = RNG.standard_normal(W.shape).astype(np.float32)
+        x = rng.standard_normal(X.shape).astype(np.float32)
+        w = rng.standard_normal(W.shape).astype(np.float32)
         np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
-def test_unbalanced_parallel_root_is_collapsed(threads, collapsed):
+def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
     """The filter gradient's tile loops have 3 iterations each (kh, kw): over 2
     threads one would idle a third of the time, so kh and kw become one root
     loop of 9 (over 1 or 3 threads 3 shares out evenly).  The bits do not change."""
@@ -724,13 +727,13 @@ def test_unbalanced_parallel_root_is_collapsed(threads, collapsed):
     target = replace(te.target(), threads=threads)
     kernel = te.build([X, W, H], [dW], target=target)
     assert ("in 0..9:" in kernel.scheduled_ir.split("stage dW")[-1]) == collapsed
-    x, w, h = (RNG.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
+    x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
     reference = te.build([X, W, H], [dW], target=replace(te.target(), threads=1))(x, w, h)
     np.testing.assert_array_equal(kernel(x, w, h), reference)
 
 
 @pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
-def test_ragged_parallel_root_is_weighed_by_its_work(threads, collapsed):
+def test_ragged_parallel_root_is_weighed_by_its_work(rng, threads, collapsed):
     """An MLP layer's product on AVX2: 15 row blocks of 6 row tiles cover 86
     tiles, the last block 2.  Counted alike, 15 blocks over 2 threads look
     balanced (8 and 7: 94%); weighed by their tiles the runtime's equal
@@ -747,7 +750,7 @@ def test_ragged_parallel_root_is_weighed_by_its_work(threads, collapsed):
     root = [ln.strip() for ln in kernel.scheduled_ir.split("stage h.sums:")[1].splitlines() if "parallel" in ln][0]
     assert root == ("parallel for j.b.i.o in 0..120:" if collapsed else "parallel for j.b in 0..15:")
     if kernel.target.missing_on_host() is None:
-        x, w = (RNG.standard_normal(t.shape).astype(np.float32) for t in (X, W))
+        x, w = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W))
         one = te.build([X, W], [h], target=replace(te.target("haswell"), threads=1))
         np.testing.assert_array_equal(kernel(x, w), one(x, w))
         np.testing.assert_allclose(kernel(x, w), x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-3)
@@ -769,7 +772,7 @@ def test_root_balance_models_the_runtime_split(work, threads):
 @pytest.mark.parametrize("target, row, lanes", [
     ("haswell", 1024, 8), ("skylake-avx512", 1024, 8), ("icelake-server", 1024, 8),
     ("haswell", 1000, 8), ("skylake-avx512", 1000, 16), ("icelake-server", 1000, 16)])
-def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
+def test_gathers_keep_their_lanes_lines_within_the_l1_ways(rng, target, row, lanes):
     """A vector loop gathering along rows 4 KiB apart (1024 float32) touches
     one line per lane, all in one L1 set: it takes no more lanes than the set
     has ways (8 on these CPUs; 12 on Ice Lake, so 8 lanes there too).  Rows
@@ -783,8 +786,8 @@ def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
     T = te.compute((row, n), lambda i, j: A[j, 2 * i] * 2.0, name="T")
     r0, r1 = te.reduce_axis(row, "r0"), te.reduce_axis(n, "r1")
     s = te.compute((1,), lambda _: te.sum(A[r1, 2 * r0] * H[r0, r1], axis=[r0, r1]), name="s")
-    a = RNG.standard_normal((n, 2 * row)).astype(np.float32)
-    h = RNG.standard_normal((row, n)).astype(np.float32)
+    a = rng.standard_normal((n, 2 * row)).astype(np.float32)
+    h = rng.standard_normal((row, n)).astype(np.float32)
     for out in (T, s):
         kernel = te.build([A, H], [out], target=target)
         widths = {x.lanes for st in kernel.program.stages for x in walk(st.body) if isinstance(x, Simd)}
@@ -801,7 +804,7 @@ def test_gathers_keep_their_lanes_lines_within_the_l1_ways(target, row, lanes):
 @pytest.mark.parametrize("target, dtype, lanes", [
     ("x86-64-v2", "float32", 8), ("haswell", "float32", 16), ("haswell", "float64", 8),
     ("skylake-avx512", "float32", 16), ("skylake-avx512", "float64", 8)])
-def test_reads_contiguous_along_the_loop_inside_the_lanes_are_transposed_rows(target, dtype, lanes):
+def test_reads_contiguous_along_the_loop_inside_the_lanes_are_transposed_rows(rng, target, dtype, lanes):
     """The strided benchmark kernel's loss, ``sum A[2j + 1, i] H[i, j]``
     (1024 x 1024), in lanes along ``j``: ``A`` is strided across the lanes
     (rows 8 KiB apart) and contiguous along ``i``, the loop inside them.
@@ -823,15 +826,15 @@ def test_reads_contiguous_along_the_loop_inside_the_lanes_are_transposed_rows(ta
             assert {x.lanes for x in loops if isinstance(x, Simd)} == {lanes}
         run = kernel if kernel.target.missing_on_host() is None else te.build([A, H], [s], target="host")
         for offset in (0, 1):
-            a = RNG.standard_normal(2 * nj * ni + 1).astype(dtype)[offset:offset + 2 * nj * ni].reshape(2 * nj, ni)
-            h = RNG.standard_normal(ni * nj + 1).astype(dtype)[offset:offset + ni * nj].reshape(ni, nj)
+            a = rng.standard_normal(2 * nj * ni + 1).astype(dtype)[offset:offset + 2 * nj * ni].reshape(2 * nj, ni)
+            h = rng.standard_normal(ni * nj + 1).astype(dtype)[offset:offset + ni * nj].reshape(ni, nj)
             terms = a[1::2].T.astype(np.float64) * h
             tol = 1e-5 if dtype == "float32" else 1e-12
             np.testing.assert_allclose(run(a, h), [np.sum(terms)], rtol=tol, atol=tol * np.sum(np.abs(terms)))
 
 
 @pytest.mark.parametrize("target, lanes", [("x86-64-v2", 4), ("haswell", 8), ("skylake-avx512", 8)])
-def test_a_reduction_shorter_than_a_vector_takes_narrower_lanes(target, lanes):
+def test_a_reduction_shorter_than_a_vector_takes_narrower_lanes(rng, target, lanes):
     """A loss summed over rows of 14 (a pooled feature map's width) runs its
     reduction in lanes along the rows: a native vector where 14 holds one
     (SSE, AVX2), half of one on AVX-512 (8 lanes, then 6), not a scalar loop
@@ -843,7 +846,7 @@ def test_a_reduction_shorter_than_a_vector_takes_narrower_lanes(target, lanes):
     s = te.compute((1,), lambda _: te.sum(X[a, b] * H[a, b], axis=[a, b]), name="s")
     kernel = te.build([X, H], [s], target=target)
     assert {x.lanes for x in walk(stage(kernel, "s").body) if isinstance(x, Simd)} == {lanes}
-    x, h = RNG.standard_normal((2, 400, 14)).astype(np.float32)
+    x, h = rng.standard_normal((2, 400, 14)).astype(np.float32)
     got = te.build([X, H], [s], target="host")(x, h)
     terms = x.astype(np.float64) * h                # a float32 sum: judged against the size of its terms
     np.testing.assert_allclose(got, [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))
@@ -854,7 +857,7 @@ def _residue_stages(kernel, name):
 
 
 @pytest.mark.parametrize("target", ["haswell", "skylake-avx512"])
-def test_a_strided_read_gradient_runs_one_stage_per_residue_class(target):
+def test_a_strided_read_gradient_runs_one_stage_per_residue_class(rng, target):
     """``B[i, j] = A[3j + 1, i]``: zero elimination gives ``dA[r, c] =
     H[c, (r - 1) // 3]`` where ``r % 3 == 1``, else 0.  The schedule runs
     ``dA`` as three stages, ``r = 3w``, ``3w + 1`` and ``3w + 2``, none
@@ -872,7 +875,7 @@ def test_a_strided_read_gradient_runs_one_stage_per_residue_class(target):
     assert [st.name for st in parts] == ["dA%3=0", "dA%3=1", "dA%3=2"]
     assert not any(isinstance(s, If) and "% 3 ==" in expr_text(s.cond) for st in parts for s in walk(st.body))
     run = kernel if kernel.target.missing_on_host() is None else te.build([A, H], [loss, dA], target="host")
-    a, h = RNG.standard_normal((100, 40)).astype(np.float32), RNG.standard_normal((40, 33)).astype(np.float32)
+    a, h = rng.standard_normal((100, 40)).astype(np.float32), rng.standard_normal((40, 33)).astype(np.float32)
     got_loss, got = run(a, h)
     want = np.zeros_like(a)
     want[1::3][:33] = h.T
@@ -881,7 +884,7 @@ def test_a_strided_read_gradient_runs_one_stage_per_residue_class(target):
     np.testing.assert_allclose(got_loss, [terms.sum()], rtol=1e-5, atol=1e-5 * np.abs(terms).sum())
 
 
-def test_residue_classes_only_where_one_outer_loop_decides_the_test():
+def test_residue_classes_only_where_one_outer_loop_decides_the_test(rng):
     """The rule leaves a stage alone when the test is on the innermost output
     loop (the classes would store with a stride: ``y[r] = x[(r - 1) // 2]``
     for odd ``r``), when another loop's term is not a multiple of ``m``
@@ -902,14 +905,14 @@ def test_residue_classes_only_where_one_outer_loop_decides_the_test():
         inp = x if name == "y" else X
         kernel = te.build([inp], [T])
         assert not _residue_stages(kernel, name)
-        a = RNG.standard_normal(inp.shape).astype(np.float32)
+        a = rng.standard_normal(inp.shape).astype(np.float32)
         np.testing.assert_array_equal(kernel(a), numpy(a).astype(np.float32))
 
 
 @settings(max_examples=12, deadline=None)
 @given(m=st.integers(2, 4), offset=st.integers(-3, 3), rows=st.integers(2, 40), cols=st.integers(1, 20),
        scale=st.sampled_from([1, 2]))
-def test_residue_classes_compute_the_same_values_as_one_stage(m, offset, rows, cols, scale):
+def test_residue_classes_compute_the_same_values_as_one_stage(rng, m, offset, rows, cols, scale):
     """For any modulus, offset and shape, a stage split by residue classes of
     its rows stores what numpy computes: ``Y[r, c] = X[(s r + k) // m, c]``
     where ``(s r + k) % m == 0`` (s coprime to m), else ``X[r, c] + 1``;
@@ -921,13 +924,13 @@ def test_residue_classes_compute_the_same_values_as_one_stage(m, offset, rows, c
         te.equal((scale * r + offset) % m, 0), X[((scale * r + offset) // m) % rows, c], X[r, c] + 1.0), name="Y")
     kernel = te.build([X], [Y])
     assert len(_residue_stages(kernel, "Y")) == (m if rows >= m else 0)
-    a = RNG.standard_normal((rows, cols)).astype(np.float32)
+    a = rng.standard_normal((rows, cols)).astype(np.float32)
     r = np.arange(rows)[:, None]
     want = np.where((scale * r + offset) % m == 0, a[((scale * r[:, 0] + offset) // m) % rows], a + np.float32(1))
     np.testing.assert_array_equal(kernel(a), want)
 
 
-def test_stages_of_one_template_split_by_residue_keep_their_own_names():
+def test_stages_of_one_template_split_by_residue_keep_their_own_names(rng):
     """Four computes that differ only in the slice they read, ``Y_t[r, c] =
     X[t, c, (r - 1) // 2]`` on odd rows, are one template (``share.py``),
     scheduled once: each instance gets the two residue stages under its own
@@ -937,7 +940,7 @@ def test_stages_of_one_template_split_by_residue_keep_their_own_names():
         te.equal((r - 1) % 2, 0), X[t, c, (r - 1) // 2], 0.0), name=f"Y{t}") for t in range(4)]
     kernel = te.build([X], outs)
     assert [st.name for st in kernel.program.stages] == [f"Y{t}%2={rho}" for t in range(4) for rho in range(2)]
-    x = RNG.standard_normal((4, 16, 8)).astype(np.float32)
+    x = rng.standard_normal((4, 16, 8)).astype(np.float32)
     for t, got in enumerate(kernel(x)):
         want = np.zeros((16, 16), np.float32)
         want[1::2] = x[t].T
@@ -970,7 +973,7 @@ def _np_stencil_gradient(h, n, taps, lo):
 
 
 @pytest.mark.parametrize("target", ["haswell", "skylake-avx512"])
-def test_a_stencil_gradient_runs_its_interior_without_tests(target):
+def test_a_stencil_gradient_runs_its_interior_without_tests(rng, target):
     """The gradient of a 3-point stencil tests ``j >= 1``, ``j <= n - 2``...
     around its reads of the head; those hold away from both ends, so the
     stage runs as a border, an interior with no test, select or masked read,
@@ -985,13 +988,13 @@ def test_a_stencil_gradient_runs_its_interior_without_tests(target):
     line = kernel.target.alignment // 4                 # float32 elements in a cache line
     assert f"+ {line}]" in interior and f"+ {4096 // line * line}]" in border1     # interior: j in 16..4096
     run = kernel if kernel.target.missing_on_host() is None else te.build([x, H], [y, dx], target="host")
-    a, h = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n - 2).astype(np.float32)
+    a, h = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n - 2).astype(np.float32)
     got_y, got_dx = run(a, h)
     np.testing.assert_allclose(got_y, 0.25 * a[:-2] + 0.5 * a[1:-1] + 0.25 * a[2:], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_dx, _np_stencil_gradient(h, n, taps, lo), rtol=1e-6, atol=1e-6)
 
 
-def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop():
+def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop(rng):
     """The rule leaves alone a stage whose element body runs a loop (a
     reduction), a test that is not an order comparison affine in the loop
     (``i * i < n``), and a loop too short for an interior of a whole line
@@ -1010,7 +1013,7 @@ def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop():
     for name, (T, numpy) in cases.items():
         kernel = te.build([x], [T])
         assert not _interior_stages(kernel, name), name
-        a = RNG.standard_normal(200).astype(np.float32)
+        a = rng.standard_normal(200).astype(np.float32)
         np.testing.assert_allclose(kernel(a), numpy(a).astype(np.float32), rtol=1e-6, atol=1e-6)
 
 
@@ -1018,7 +1021,7 @@ def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop():
 @given(n=st.integers(4, 700), taps=st.dictionaries(st.integers(-4, 4), st.sampled_from([0.5, -1.25, 2.0]),
                                                     min_size=1, max_size=4),
        rows=st.sampled_from([None, 3]))
-def test_interior_split_computes_the_stencil_gradient_of_any_shape(n, taps, rows):
+def test_interior_split_computes_the_stencil_gradient_of_any_shape(rng, n, taps, rows):
     """For any taps, length, and with or without an outer loop of rows, the
     gradient of a stencil (split into border, interior and border stages
     wherever the interior holds a cache line and is as long as the borders)
@@ -1039,8 +1042,8 @@ def test_interior_split_computes_the_stencil_gradient_of_any_shape(n, taps, rows
     for st in parts:
         if st.name == "dx.interior":
             assert " if " not in stmt_text(st.body)
-    a = RNG.standard_normal(shape).astype(np.float32)
-    h = RNG.standard_normal(shape[:-1] + (m,)).astype(np.float32)
+    a = rng.standard_normal(shape).astype(np.float32)
+    h = rng.standard_normal(shape[:-1] + (m,)).astype(np.float32)
     want = (_np_stencil_gradient(h, n, taps, lo) if rows is None else
             np.stack([_np_stencil_gradient(h[r], n, taps, lo) for r in range(rows)]))
     np.testing.assert_allclose(kernel(a, h), want, rtol=1e-5, atol=1e-5)
