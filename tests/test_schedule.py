@@ -13,7 +13,7 @@ from lowering.loop_ir import For, If, Simd, expr_text, stmt_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
-from lowering.schedule.blocking import ALIGN_MIN_VECTORS
+from lowering.schedule.blocking import ALIGN_MIN_VECTORS, SPLIT_MIN_WORK, SPLIT_PARTS
 from lowering.schedule.residues import MAX_RESIDUES
 
 
@@ -1047,3 +1047,40 @@ def test_interior_split_computes_the_stencil_gradient_of_any_shape(rng, n, taps,
     want = (_np_stencil_gradient(h, n, taps, lo) if rows is None else
             np.stack([_np_stencil_gradient(h[r], n, taps, lo) for r in range(rows)]))
     np.testing.assert_allclose(kernel(a, h), want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ rule 1: reductions to one element
+
+
+def _split_extents():
+    """Extents on both sides of rule 1's thresholds: too little work (though a
+    multiple of every part count), just enough, enough but prime (no part
+    count divides it)."""
+    work, parts = SPLIT_MIN_WORK, SPLIT_PARTS
+    multiple = int(np.lcm.reduce(parts))
+    below = (work - 1) // multiple * multiple
+    prime = next(n for n in range(work + 1, 2 * work) if all(n % d for d in range(2, int(n ** 0.5) + 1)))
+    return [(below, False), (work, True), (prime, False)]
+
+
+@pytest.mark.parametrize("n,splits", _split_extents())
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_the_gradient_of_a_max_or_min_to_one_element_at_every_extent(rng, n, splits, shape, op):
+    """max/min of a long vector into a tensor of one element (a loss, lse's
+    scalar): the reduction is split into parts exactly when rule 1 says so,
+    and the gradient is one at the first extreme element (ties included)."""
+    x = te.placeholder((n,), "float32", "x")
+    k = te.reduce_axis(n, "k")
+    red = te.max if op == "max" else te.min
+    m = te.compute(shape, lambda *_: red(x[k], axis=k), name="m")
+    dx, = te.gradient(m, [x])
+    kernel = te.build([x], [m, dx])
+    assert (".parts" in kernel.scheduled_ir) == splits
+    xs = np.round(rng.standard_normal(n) * 8).astype(np.float32)       # many ties at the extremes
+    got_m, got_dx = kernel(xs)
+    first = int(np.argmax(xs) if op == "max" else np.argmin(xs))
+    want = np.zeros(n, np.float32)
+    want[first] = 1
+    np.testing.assert_array_equal(got_m, np.full(shape, xs[first]))
+    np.testing.assert_array_equal(got_dx, want)

@@ -75,8 +75,9 @@ def split_reduction(nest: Nest, stage: Stage, taken: set, new_buffers: list, bl:
     chunk = outer.extent.value // plan.parts
     buf = temporary(f"{stage.name}.parts", (plan.parts,), acc.dtype, taken, new_buffers)
     p, r = var("p"), var(f"{outer.var.name}.c")
+    # the parts run outside the stage's output loops, each of extent one: their variables are 0 there
     part_loop = rename(For(r, idx(0), idx(chunk), outer.body, outer.kind),
-                       {outer.var: add(add(mul(p, idx(chunk)), outer.lo), r)})
+                       {**{v: idx(0) for v in nest.vars}, outer.var: add(add(mul(p, idx(chunk)), outer.lo), r)})
     body = Block((plan.init, part_loop, Store(buf, p, acc)))
     body = reduce_in_lanes(body, bl) or body
     first = Stage(buf.name, buf, For(p, idx(0), idx(plan.parts), body, "parallel"))
