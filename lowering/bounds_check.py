@@ -31,9 +31,10 @@ from te_autodiff.expr import (BinOp, Cast, Cmp, Const, InverseIndex, Load, Logic
 from te_autodiff.inverse_index import value_range
 from te_autodiff.visit import children, topo_order
 
-from .bounds_exact import NEGATED, proves_in_range
+from .bounds_exact import reach
 from .loop_ir import expr_text
 
+NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 _MAX_DEPTH = 16
 _BUDGET = 4000                  # elimination steps per bounds query
 _PURE = (Const, Var, BinOp, Cmp, Logic, Unary, Select, Cast)
@@ -375,18 +376,29 @@ def in_bounds(indices, shape, scope: Scope) -> bool:
 
 
 def _check_load(t, load, scope):
+    """Raise IndexError unless every data-independent index of ``load`` stays in
+    its dimension where the read executes: the interval bounds first, then the
+    exact range (``bounds_exact``), whose example point the error names."""
     target = load.tensor
     for d, (ix, n) in enumerate(zip(load.indices, target.shape)):
         if not is_index_only(ix):       # checked at run time
             continue
         lo, hi = bounds(ix, scope)
-        if (lo is not None and hi is not None and 0 <= lo and hi < n) or proves_in_range(ix, n, scope):
+        if lo is not None and hi is not None and 0 <= lo and hi < n:
             continue
-        reach = ("cannot be proven to stay" if lo is None or hi is None
-                 else f"ranges over [{lo}, {hi}], not")
+        exact = reach(ix, scope)
+        if exact is None or (exact != "unknown" and 0 <= exact.lo and exact.hi < n):
+            continue
+        if exact == "unknown":
+            reach_text = "cannot be proven to stay"
+        else:
+            low = exact.lo < 0
+            point = ", ".join(f"{name} = {value}" for name, value in (exact.at_lo if low else exact.at_hi))
+            example = f" (it is {exact.lo if low else exact.hi} at {point})" if point else ""
+            reach_text = f"reaches [{exact.lo}, {exact.hi}] where the read executes{example}, not"
         raise IndexError(
             f"tensor '{t.name}' reads '{target.name}' out of bounds: dimension {d} index "
-            f"{expr_text(ix)} {reach} within [0, {n}); guard the read with te.if_then_else "
+            f"{expr_text(ix)} {reach_text} within [0, {n}); guard the read with te.if_then_else "
             f"or narrow the loop")
 
 

@@ -1,11 +1,14 @@
 """Bounds: build-time proofs (and refusals) of reads, run-time checks of data-dependent reads."""
+import itertools
+
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 import te_autodiff as te
-from te_autodiff.expr import const, reduce, var
+from te_autodiff.expr import Const, const, reduce, var
 from lowering.bounds_check import Scope, bounds
-from lowering.bounds_exact import proves_in_range
+from lowering.bounds_exact import Reach, reach
 
 I64 = "int64"
 
@@ -66,8 +69,100 @@ def test_exact_fallback_uses_divisibility_guards():
     i, kh = axis("i", 5), var("kh")
     t0 = (i + 1) // 2
     s = scope_of(i).guarded(te.equal((i + 1) % 2, 0), True).with_vars([kh], [(t0 - 1, const(2, I64))])
-    assert proves_in_range(kh, 3, s)
-    assert not proves_in_range(kh, 3, scope_of(i).with_vars([kh], [(t0 - 1, const(2, I64))]))
+    assert (reach(kh, s).lo, reach(kh, s).hi) == (0, 2)
+    r = reach(kh, scope_of(i).with_vars([kh], [(t0 - 1, const(2, I64))]))
+    assert (r.lo, r.hi) == (-1, 2)
+
+
+def test_exact_range_of_a_quadratic_index_under_its_guard():
+    """A strictly lower triangle packed column by column (GMM): c*(2D-c-1)//2 + r-c-1 under c < r."""
+    D = 4
+    r, c = axis("r", D), axis("c", D)
+    packed = c * (2 * D - c - 1) // 2 + r - c - 1
+    assert reach(packed, scope_of(r, c).guarded(c < r, True)) == Reach(0, 5, (("r", 1), ("c", 0)),
+                                                                       (("r", 3), ("c", 2)))
+    unguarded = reach(packed, scope_of(r, c))
+    assert (unguarded.lo, unguarded.hi) == (-1, 5)            # at r = 0, c = 0: one read before the start
+
+
+@pytest.mark.parametrize("make,truth,expected", [
+    (lambda i: te.equal(i, 0), False, (0, 8)), (lambda i: te.not_equal(i, 0), True, (0, 8)),
+    (lambda i: te.any(i < 1, i > 8), False, (0, 7)), (lambda i: te.all(i >= 1, i <= 8), True, (0, 7)),
+    (lambda i: te.not_(i < 1), True, (0, 8)), (lambda i: i * i >= 4, True, (1, 8)),
+    (lambda i: te.any(te.equal(i, 3), te.equal(i, 7)), True, (2, 6))])
+def test_every_condition_narrows_the_branch_it_guards(make, truth, expected):
+    """i - 1 over i in [0, 10) where the condition has the given truth."""
+    i = axis("i", 10)
+    got = reach(i - 1, scope_of(i).guarded(make(i), truth))
+    assert (got.lo, got.hi) == expected
+
+
+def test_a_read_that_never_runs_has_no_range():
+    i = axis("i", 10)
+    assert reach(i, scope_of(i).guarded(te.all(i > 5, i < 3), True)) is None
+
+
+_OPS = ("add", "sub", "mul", "floordiv", "mod", "max", "min")
+
+
+def _index_exprs(depth):
+    """Integer expressions over variables a, b (ranges 0..4 and 0..5) and small constants."""
+    leaf = st.one_of(st.sampled_from(["a", "b"]), st.integers(-3, 3))
+    if depth == 0:
+        return leaf
+    sub_ = _index_exprs(depth - 1)
+    return st.one_of(leaf, st.tuples(st.sampled_from(_OPS), sub_, sub_))
+
+
+def _build(tree, env):
+    if isinstance(tree, str):
+        return env[tree]
+    if isinstance(tree, int):
+        return const(tree, I64)
+    op, x, y = tree
+    if op in ("floordiv", "mod"):           # by a positive constant: the divisor the tree names
+        x, y = _build(x, env), const(abs(y) + 1 if isinstance(y, int) else 3, I64)
+    else:
+        x, y = _build(x, env), _build(y, env)
+    return {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "floordiv": lambda: x // y,
+            "mod": lambda: x % y, "max": lambda: te.maximum(x, y), "min": lambda: te.minimum(x, y)}[op]()
+
+
+def _value(tree, env):
+    if isinstance(tree, str):
+        return env[tree]
+    if isinstance(tree, int):
+        return tree
+    op, x, y = tree
+    x, yv = _value(x, env), _value(y, env)
+    if op in ("floordiv", "mod"):
+        yv = abs(y) + 1 if isinstance(y, int) else 3
+    return {"add": x + yv, "sub": x - yv, "mul": x * yv, "floordiv": x // yv if op == "floordiv" else 0,
+            "mod": x % yv if op == "mod" else 0, "max": max(x, yv), "min": min(x, yv)}[op]
+
+
+@settings(max_examples=60, deadline=None)
+@given(index=_index_exprs(3), guard=_index_exprs(2), cmp=st.sampled_from(["lt", "le", "eq", "ne"]),
+       bound=st.integers(-2, 6), truth=st.booleans())
+def test_exact_range_equals_enumeration(index, guard, cmp, bound, truth):
+    """The exact range over a guarded 5 x 6 grid is the minimum and maximum of
+    the index over the grid points where the guard holds (or None)."""
+    a, b = axis("a", 5), axis("b", 6)
+    env = {"a": a, "b": b}
+    g = _build(guard, env)
+    cond = {"lt": g < bound, "le": g <= bound, "eq": te.equal(g, bound), "ne": te.not_equal(g, bound)}[cmp]
+    assume(not isinstance(cond, Const))        # te folds a select on a constant condition away
+    test = {"lt": lambda v: v < bound, "le": lambda v: v <= bound, "eq": lambda v: v == bound,
+            "ne": lambda v: v != bound}[cmp]
+    values = [_value(index, {"a": x, "b": y}) for x, y in itertools.product(range(5), range(6))
+              if test(_value(guard, {"a": x, "b": y})) == truth]
+    got = reach(_build(index, env), scope_of(a, b).guarded(cond, truth))
+    if not values:
+        assert got is None
+    else:
+        assert (got.lo, got.hi) == (min(values), max(values))
+        for end, point in ((got.lo, got.at_lo), (got.hi, got.at_hi)):
+            assert _value(index, dict(point)) == end and test(_value(guard, dict(point))) == truth
 
 
 # ------------------------------------------------------------ te.build
@@ -78,6 +173,41 @@ def test_build_refuses_a_read_past_the_end():
     B = te.compute((10,), lambda i: A[i + 1], name="B")
     with pytest.raises(IndexError, match=r"'B' reads 'A'.*dimension 0.*i \+ 1.*\[1, 10\]"):
         te.build([A], [B])
+
+
+def test_a_packed_triangle_read_through_its_quadratic_index():
+    """GMM's strictly lower triangle, packed column by column and unpacked
+    under ``c < r`` as its README states it; the error for the unguarded
+    read names its reachable range and a point that leaves the tensor."""
+    K, D = 3, 5
+    n = D * (D - 1) // 2
+    l = te.placeholder((K, n), "float64", "l")
+    L = te.compute((K, D, D), lambda k, r, c: te.if_then_else(c < r, l[k, c * (2 * D - c - 1) // 2 + r - c - 1],
+                                                                  0.0), name="L")
+    lv = np.random.default_rng(5).standard_normal((K, n))
+    want = np.zeros((K, D, D))
+    rows, cols = np.tril_indices(D, -1)
+    order = np.lexsort((rows, cols))                    # column by column
+    want[:, rows[order], cols[order]] = lv
+    np.testing.assert_array_equal(te.build([l], [L])(lv), want)
+    bad = te.compute((K, D, D), lambda k, r, c: l[k, c * (2 * D - c - 1) // 2 + r - c - 1], name="bad")
+    with pytest.raises(IndexError, match=r"'bad' reads 'l'.*dimension 1.*reaches \[-1, 9\].*"
+                                         r"\(it is -1 at k = 0, r = 0, c = 0\)"):
+        te.build([l], [bad])
+
+
+@pytest.mark.parametrize("name,make", [
+    ("equal", lambda x, i: te.if_then_else(te.equal(i, 0), x[0], x[i - 1])),
+    ("not_equal", lambda x, i: te.if_then_else(te.not_equal(i, 0), x[i - 1], x[0])),
+    ("any", lambda x, i: te.if_then_else(te.any(te.equal(i, 0), i > 8), x[0], x[i - 1])),
+    ("not", lambda x, i: te.if_then_else(te.not_(te.equal(i, 0)), x[i - 1], x[0])),
+    ("product", lambda x, i: te.if_then_else(i * i > 0, x[i - 1], x[0]))])
+def test_equality_and_other_conditions_keep_their_branches_in_range(name, make):
+    """A shift right by one with the first element repeated, guarded each way a user writes it."""
+    X = te.placeholder((9,), "float64", "X")
+    Y = te.compute((9,), lambda i: make(X, i), name="Y")
+    x = np.random.default_rng(3).standard_normal(9)
+    np.testing.assert_array_equal(te.build([X], [Y])(x), np.r_[x[0], x[:-1]])
 
 
 def test_build_refuses_a_read_through_an_inlined_tensor():
