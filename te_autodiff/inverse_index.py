@@ -198,12 +198,13 @@ class _Sum:
                     continue
                 fv = free_vars(key)
                 positions = [a for a in self.axes if a in fv]
-                doms = [self.doms[self.axes.index(a)] for a in positions]
                 batch = sorted(fv - set(self.axes), key=lambda b: b.uid)
-                if (v in fv or not positions or any(b.dom is None for b in batch)
-                        or not all(isinstance(x, Const) for d in doms for x in d)):
+                if v in fv or not positions or any(b.dom is None for b in batch):
                     continue
-                doms = [(d[0].value, d[1].value) for d in doms]
+                boxed = self.box(positions, batch)
+                if boxed is None:
+                    continue
+                doms, in_domain = boxed
                 lo, count = v.dom
                 row = tuple(b - b.dom[0] for b in batch)
                 self.conds.remove(c)
@@ -215,11 +216,11 @@ class _Sum:
                 # becomes lo - 1, matching nothing
                 rows = [g for g in self.outer + self.conds if free_vars(g) and free_vars(g) <= set(batch)]
                 rows += read_guards([key])
-                valid = rows + [g for g in self.conds
-                                if free_vars(g) & set(positions) and free_vars(g) <= set(batch) | set(positions)]
+                valid = rows + in_domain + [g for g in self.conds if free_vars(g) & set(positions)
+                                            and free_vars(g) <= set(batch) | set(positions)]
                 if valid:
                     key = select(all_(*valid), key, const(lo - 1, key.dtype))
-                if self.scatter(v, key, positions, doms, batch, row, rows):
+                if self.scatter(v, key, positions, doms, batch, row, rows + in_domain):
                     return True
                 inv = inverse_index(key, positions, doms, batch, lo, count)
                 start, end = cast(dt.INDEX, inv[row + (v - lo,)]), cast(dt.INDEX, inv[row + (v - lo + 1,)])
@@ -231,6 +232,25 @@ class _Sum:
                 self.replace(dict(zip(positions, at)), set(positions), [r], [(start, end - start)])
                 return True
         return False
+
+    def box(self, positions, batch):
+        """Constant ranges ``[(lo, extent)]`` of the ``positions`` and the
+        conditions that keep a point of that box in the sum's own domain, or
+        None.  A range that depends on other positions or on the batch (a
+        triangle left by a guard ``c < r``) is replaced by the position's fixed
+        range, its own range becoming a condition of the key: the keyed tensor
+        then covers a box, and a point outside the domain matches nothing."""
+        doms, in_domain = [], []
+        for a in positions:
+            first, ext = self.doms[self.axes.index(a)]
+            if isinstance(first, Const) and isinstance(ext, Const):
+                doms.append((first.value, ext.value))
+            elif a.dom is not None and free_vars(first) | free_vars(ext) <= set(positions) | set(batch):
+                doms.append(a.dom)
+                in_domain.append(all_(a >= first, a < first + ext))
+            else:
+                return None
+        return doms, in_domain
 
     def scatter(self, v, key, positions, doms, batch, row, rows) -> bool:
         """When the sum runs over the key's positions alone and depends on no

@@ -287,3 +287,36 @@ def test_second_order_through_both_forms(rng):
     for a in range(A):
         np.add.at(want[a], g[a], 2 * kpicked[a] * hx[a])
     assert_close([dhx, dx2], [2 * picked * kpicked, want])
+
+
+_GUARDS = {
+    "c < r": lambda k, r, c, g: te.if_then_else(c < r, g, 0.0),
+    "c < r and k > 0": lambda k, r, c, g: te.if_then_else(te.all(c < r, k > 0), g, 0.0),
+    "nested": lambda k, r, c, g: te.if_then_else(c < r, te.if_then_else(k > 0, g, 0.0), 0.0),
+    "c < r or c == r": lambda k, r, c, g: te.if_then_else(te.any(c < r, te.equal(c, r)), g, 0.0),
+}
+_MASKS = {"c < r": lambda k, r, c: c < r, "c < r and k > 0": lambda k, r, c: (c < r) & (k > 0),
+          "nested": lambda k, r, c: (c < r) & (k > 0), "c < r or c == r": lambda k, r, c: c <= r}
+
+
+@pytest.mark.parametrize("guard", list(_GUARDS))
+def test_a_gather_under_a_select_keeps_the_gather_form_of_its_gradient(rng, guard):
+    """``select(cond, l[k, IDX[r, c]], 0)``: the gradient of ``l`` sums the
+    matches of each key where the condition holds, at the cost of the plain
+    read's gradient (within 2x), not a sum over every (r, c) per element."""
+    K, D = 3, 6
+    n = D * (D + 1) // 2
+    l = te.placeholder((K, n), F64, "l")
+    IDX = te.placeholder((D, D), "int64", "IDX")
+    L = te.compute((K, D, D), lambda k, r, c: _GUARDS[guard](k, r, c, l[k, IDX[r, c]]), name="L")
+    plain = te.compute((K, D, D), lambda k, r, c: l[k, IDX[r, c]], name="plain")
+    H = te.placeholder(L.shape, F64, "H")
+    (dl,), (dplain,) = te.gradient(L, [l], head=H), te.gradient(plain, [l], head=H)
+    assert te.cost([l, IDX, H], [dl])["iterations"] <= 2 * te.cost([l, IDX, H], [dplain])["iterations"]
+    lv, h = rng.standard_normal((K, n)), rng.standard_normal((K, D, D))
+    ids = rng.integers(0, n, (D, D))
+    k, r, c = np.meshgrid(np.arange(K), np.arange(D), np.arange(D), indexing="ij")
+    mask = _MASKS[guard](k, r, c)
+    want = np.zeros((K, n))
+    np.add.at(want, (k[mask], ids[r[mask], c[mask]]), h[mask])
+    check(L, [l, IDX, H][:2], [lv, ids], [want], wrt=[l], head=h, fwd=np.where(mask, lv[k, ids[r, c]], 0.0))
