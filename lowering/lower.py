@@ -815,6 +815,20 @@ def _scan_stages(op, ctx, store=frozenset(), recompute=frozenset()) -> list:
     return stages
 
 
+def _read_by_a_scan(err: IndexError, t, order) -> IndexError:
+    """``err`` (``t`` reads out of range), saying why when a scan's update
+    chain reads ``t``: not reading the state, ``t`` is an ordinary tensor,
+    computed at every time step, the initial ones included."""
+    for op in dict.fromkeys(s.body.scan for s in order if _is_scan(s)):
+        if t in op.reads:
+            return IndexError(
+                f"{err}. '{t.name}' is read by the update of scan '{op.name}' but does not read its state, "
+                f"so it is an ordinary tensor computed at every step of its first axis, the scan's "
+                f"{op.k} initial step(s) included: guard the read (te.if_then_else on the time axis) "
+                f"or make the read inside a compute that reads the state")
+    return err
+
+
 def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     """The loop IR program computing ``outputs`` from the placeholders ``inputs``.
 
@@ -823,7 +837,10 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     inputs, outputs, order = validate(inputs, outputs)
     for t in order:
         if not t.is_placeholder:
-            check_tensor(t)
+            try:
+                check_tensor(t)
+            except IndexError as err:
+                raise _read_by_a_scan(err, t, order) from None
     rep = share(outputs, _checked_form({}))
     results = [rep[o] for o in outputs]
     ops = {t.body.scan for t in set(rep.values()) if _is_scan(t)}

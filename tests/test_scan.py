@@ -523,3 +523,29 @@ def test_unsupported_scans_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="te.gradient through scan 'Y'.*optimize=False"):
         te.gradient(Y, [X], optimize=False)
     assert len(te.gradient(Y, [X])) == 1
+
+
+def test_a_step_input_computed_for_every_step_says_why_it_reads_out_of_range(rng):
+    """A compute of the update chain that does not read the state is an
+    ordinary tensor over every t: reading X[t - 1] there leaves X at t = 0,
+    and the error names the scan and says so; guarded, it builds."""
+    T, B = 8, 4
+    X, S = te.placeholder((T, B), F64, "X"), te.placeholder((T, B), F64, "S")
+    init = te.compute((1, B), lambda _, j: X[0, j], name="init")
+
+    def scan_of(x_in):
+        upd = te.compute((T, B), lambda t, j: S[t - 1, j] * 0.5 + x_in[t, j], name="upd")
+        return te.scan(init, upd, S, inputs=[X], name="Y")
+
+    x_in = te.compute((T, B), lambda t, j: X[t - 1, j] * 2.0, name="x_in")
+    with pytest.raises(IndexError, match=r"'x_in' reads 'X'.*\(it is -1 at t = 0, j = 0\).*"
+                                         r"'x_in' is read by the update of scan 'Y' but does not read its state"):
+        te.build([X], [scan_of(x_in)])
+    guarded = te.compute((T, B), lambda t, j: te.if_then_else(t >= 1, X[t - 1, j], 0.0) * 2.0, name="x_in")
+    x = normal(rng, T, B)
+    want = np.zeros((T, B))
+    want[0] = x[0]
+    for t in range(1, T):
+        want[t] = want[t - 1] * 0.5 + 2 * x[t - 1]
+    eps = np.finfo(np.float64).eps      # two roundings a step (one where te contracts to an fma), T steps
+    np.testing.assert_allclose(te.build([X], [scan_of(guarded)])(x), want, rtol=2 * T * eps, atol=2 * T * eps)
