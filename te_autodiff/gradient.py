@@ -9,6 +9,10 @@ Each inner sum is one :class:`~te_autodiff.term.Term`; the Jacobian is never
 materialised.  ``optimize=True`` hands each term to zero elimination, which
 rewrites the sum over its non-zero region; ``optimize=False`` keeps the
 literal sum, the reference the optimised form is tested against.
+
+A tensor computed by a compound operation (a scan's states) is not a sum of
+terms: its operation registers how its adjoint is made
+(:func:`register_adjoint`), so this module knows no such operation.
 """
 from __future__ import annotations
 
@@ -17,10 +21,20 @@ from .derivative import differentiable, load_adjoints, peel_guards, reduction_se
 from .expr import Const, Load, MatchSum, Reduce, ScanState, Var, add, all_, cast, const, select
 from .graph import tensors_in_order
 from .lift import lifted
-from .scan import scan_adjoint
 from .tensor import Tensor, compute
 from .term import Term, fresh_copy, naive, read_guards
 from .visit import substitute
+
+
+_COMPOUND = {}          # operation type -> make(op, heads, optimize, kept_heads), see register_adjoint
+
+
+def register_adjoint(op_type, make) -> None:
+    """Adjoints of the operations of ``op_type`` (the ``.scan`` of a
+    :class:`~te_autodiff.expr.ScanState`) come from ``make(op, heads,
+    optimize, kept_heads)``, whose ``.of(x)`` is the adjoint of each tensor
+    the operation reads (None where it reads none)."""
+    _COMPOUND[op_type] = make
 
 
 def gradient(output, inputs, head=None, optimize=True) -> list:
@@ -178,7 +192,7 @@ class _Adjoints:
             kept = {op.outputs[y.body.which]: self.of(y) for y in self.users
                     if isinstance(y.body, ScanState) and y.body.scan is op and y.body.which >= len(op.state)
                     and y in self.live}
-            self.scans[op] = scan_adjoint(op, [self.of(y) for y in op.results], self.optimize, kept)
+            self.scans[op] = _COMPOUND[type(op)](op, [self.of(y) for y in op.results], self.optimize, kept)
         return self.scans[op]
 
     def _head_of(self, t: Tensor):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from . import dtype as dt
 from .expr import Const, Load, Reduce, ScanState, all_, const, select, var
+from .gradient import gradient, register_adjoint
 from .graph import tensors_in_order
 from .sharing import canonical_body
 from .tensor import Tensor, check_name, compute, placeholder, reduce_axis, sum as te_sum
@@ -269,7 +270,6 @@ class _Adjoint:
     (module doc): ``of(x)`` for its initial values and external tensors."""
 
     def __init__(self, op: ScanOp, heads, optimize: bool, kept_heads=None):
-        from .gradient import gradient
         self.op, self.heads = op, list(heads)
         T, k, kept_heads = op.steps, op.k, kept_heads or {}
         self.grads = {}
@@ -422,3 +422,6 @@ def scan_adjoint(op: ScanOp, heads, optimize: bool = True, kept_heads=None) -> _
     tensors it kept (``{chain tensor: adjoint of op.kept(it)}``); ``.of(x)``
     gives the adjoint of each tensor the scan reads."""
     return _Adjoint(op, heads, optimize, kept_heads)
+
+
+register_adjoint(ScanOp, scan_adjoint)
