@@ -2,7 +2,8 @@
 
 Iterations are counted by compiling a counting variant of the program: every
 innermost loop is replaced by ``count += max(extent, 0)``, every other loop
-and every index-only condition is kept, and every statement that touches
+and every index-only condition is kept (with the let-bound locals of index
+arithmetic and sort starts they read), and every statement that touches
 data is dropped.  A condition that depends on tensor data counts as taken
 (both of its branches are counted).  A loop over the matches of an inverse
 index (bounds read from a counting sort's starts) counts as if every key
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 from te_autodiff import dtype as dt
 from te_autodiff.expr import add, const, floordiv, maximum, mul, var
+from te_autodiff.visit import topo_order
 
 from .bounds_check import is_index_only
-from .loop_ir import Block, Buffer, BufLoad, For, If, Program, Stage, Store, loads_in, walk
+from .loop_ir import Alloc, Block, Buffer, BufLoad, For, If, Local, Program, Stage, Store, loads_in, walk
 from .runtime import compile_program, execute
 from .target import host_target
 
@@ -32,10 +34,20 @@ class _Counting:
 
     def __init__(self, counter: Buffer, stage: str, sorts: frozenset):
         self.counter, self.stage, self.sorts = counter, stage, sorts
+        self.kept = set()           # let-bound locals the counting program computes
 
     def bound_ok(self, e) -> bool:
-        """Index arithmetic, or reads of the starts of a counting sort."""
-        return all(ld.buffer in self.sorts and is_index_only(ld.index) for ld in loads_in((e,), set()))
+        """Index arithmetic, reads of the starts of a counting sort, and kept locals."""
+        return (all(ld.buffer in self.sorts and is_index_only(ld.index) for ld in loads_in((e,), set()))
+                and all(n in self.kept for n in topo_order([e]) if isinstance(n, Local)))
+
+    def alloc(self, s: Alloc):
+        """A let-binding of index arithmetic or sort starts (loop bounds and
+        conditions may read it) is kept; other locals hold data."""
+        if s.let and s.init is not None and self.bound_ok(s.init):
+            self.kept.add(s.local)
+            return s
+        return None
 
     def for_(self, s: For):
         if not (self.bound_ok(s.lo) and self.bound_ok(s.extent)):
@@ -55,13 +67,14 @@ class _Counting:
         other = None if s.else_ is None else self(s.else_)
         if then is None and other is None:
             return None
-        if not is_index_only(s.cond):          # data decides: both branches count as taken
+        if not (is_index_only(s.cond) or self.bound_ok(s.cond)):    # data decides: both count as taken
             return Block(tuple(p for p in (then, other) if p is not None))
         return If(s.cond, then or Block(()), other)
 
     def __call__(self, stmt):
         """The counting version of ``stmt`` (None when it counts nothing)."""
-        rule = {For: _Counting.for_, Block: _Counting.block, If: _Counting.if_}.get(type(stmt))
+        rule = {For: _Counting.for_, Block: _Counting.block, If: _Counting.if_,
+                Alloc: _Counting.alloc}.get(type(stmt))
         return None if rule is None else rule(self, stmt)
 
 
