@@ -652,10 +652,12 @@ def load(tensor, indices) -> Load:
 
 def reduce(op: str, body: Expr, axes, doms) -> Expr:
     """A reduction node; an empty axis list returns ``body`` itself, and a
-    domain with no point the reduction's identity (argmax: position 0)."""
+    domain with no point, or a sum of zeros or product of ones, the
+    reduction's identity (argmax: position 0)."""
     if not axes:
         return body
-    if any(isinstance(ext, Const) and ext.value <= 0 for _, ext in doms):
+    if any(isinstance(ext, Const) and ext.value <= 0 for _, ext in doms) or (
+            op in ("sum", "prod") and is_const(body, identity_of(op, body.dtype))):
         return const(0, dt.INDEX) if op == "argmax" else const(identity_of(op, body.dtype), body.dtype)
     return Reduce(op, body, tuple(axes), tuple(doms))
 

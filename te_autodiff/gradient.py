@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from . import dtype as dt
 from .derivative import differentiable, load_adjoints, peel_guards, reduction_seed
-from .expr import Const, Load, MatchSum, Reduce, ScanState, Var, add, all_, cast, const, select
+from .expr import Cmp, Const, Load, MatchSum, Reduce, ScanState, Select, Var, add, all_, cast, const, select
 from .graph import tensors_in_order
 from .lift import lifted
 from .tensor import Tensor, compute
 from .term import Term, fresh_copy, naive, read_guards
-from .visit import substitute
+from .visit import conjuncts, substitute
 
 
 _COMPOUND = {}          # operation type -> make(op, heads, optimize, kept_heads), see register_adjoint
@@ -196,8 +196,28 @@ class _Adjoints:
         return self.scans[op]
 
     def _head_of(self, t: Tensor):
-        """``i -> adjoint(t)[i]``, reading the output's head directly."""
+        """``i -> adjoint(t)[i]``, reading the output's head directly.  An
+        adjoint that is a constant, or a read kept where an integer equality
+        holds (``select(j == argmin[i], H[i], 0)``: a max or min's), is
+        substituted rather than read, so that a zero folds away and zero
+        elimination sees the equality (and sums only where it holds)."""
         if t is self.output and self.head is None:
             return lambda i: const(1, t.dtype)
         src = self.head if t is self.output else self.of(t)
+        if t is not self.output and _inlined_adjoint(src.body):
+            return lambda i: cast(t.dtype, substitute(src.body, dict(zip(src.axes, i))))
         return lambda i: cast(t.dtype, Load(src, tuple(i))) if src.dtype != t.dtype else src[tuple(i)]
+
+
+def _inlined_adjoint(body) -> bool:
+    """Whether an adjoint's ``body`` is worth substituting into the terms that
+    read it: a constant, or ``select(c, v, 0)`` (either way round) with ``v``
+    a read or a constant and ``c`` holding an equality of integers."""
+    if isinstance(body, Const):
+        return True
+    if not isinstance(body, Select):
+        return False
+    value, zero = (body.a, body.b) if isinstance(body.b, Const) else (body.b, body.a)
+    if not (isinstance(zero, Const) and zero.value == 0 and isinstance(value, (Load, Const))):
+        return False
+    return any(isinstance(c, Cmp) and c.op == "eq" and dt.is_int(c.a.dtype) for c in conjuncts([body.cond]))

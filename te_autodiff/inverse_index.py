@@ -44,7 +44,7 @@ import math
 import weakref
 
 from . import dtype as dt
-from .expr import Cmp, Const, InverseIndex, Load, MatchSum, Var, all_, cast, const, floordiv, mod, select, var
+from .expr import Cast, Cmp, Const, InverseIndex, Load, MatchSum, Var, all_, cast, const, floordiv, mod, select, var
 from .pretty import expr_str
 from .sharing import canonical_var
 from .tensor import Tensor
@@ -140,10 +140,25 @@ def _unflatten(p, doms) -> list:
 
 
 def _sides(c):
-    """``(a, b)`` and ``(b, a)`` of an integer equality ``a == b``, else ()."""
+    """``(a, b)`` and ``(b, a)`` of an integer equality ``a == b``, else ().
+    A variable narrowed to a type that holds its whole range (``int32(j) ==
+    argmin[i]``: int32 positions) is compared as itself, the other side widened."""
     if isinstance(c, Cmp) and c.op == "eq" and dt.is_int(c.a.dtype) and dt.is_int(c.b.dtype):
-        return ((c.a, c.b), (c.b, c.a))
+        a, b = _unnarrowed(c.a), _unnarrowed(c.b)
+        if a is not c.a or b is not c.b:
+            a, b = cast(dt.INDEX, a), cast(dt.INDEX, b)
+        return ((a, b), (b, a))
     return ()
+
+
+def _unnarrowed(x):
+    """``v`` for ``cast(int, v)`` with every value of the variable ``v`` in the cast's range, else ``x``."""
+    if isinstance(x, Cast) and isinstance(x.a, Var) and x.a.dom is not None and dt.is_int(x.to):
+        bits = 31 if x.to == "int32" else 63
+        lo, n = x.a.dom
+        if -(1 << bits) <= lo and lo + n <= 1 << bits:
+            return x.a
+    return x
 
 
 class _Sum:

@@ -173,7 +173,7 @@ class _Gather:
         self.te_of = {}         # arith variable -> te expression
 
     def run(self):
-        t = self.term
+        t = self.term = _data_ranges_inside(self.term, self.lin)
         zero = const(0, t.dtype)
         eqs, ineqs, residual = [], [], []
         for s, (lo, ext) in zip(t.sum_axes, t.sum_doms):
@@ -344,6 +344,36 @@ class _Gather:
         if out is None:
             return const(e.const, dt.INDEX)
         return out + e.const if e.const >= 0 else out - (-e.const)
+
+
+def _data_ranges_inside(term: Term, lin) -> Term:
+    """``term`` with its innermost summation variables whose ranges are not
+    affine (the matches of a key, ``r in starts[v] .. starts[v + 1]``), and
+    which no index reads and no other range depends on, summed inside the
+    value over their own ranges; the guards that do not read them stay
+    outside.  The solver has nothing to say about such a variable, and
+    summed over its fixed box under a guard it would visit every position
+    for every element, not only its matches."""
+    axes, doms = list(term.sum_axes), list(term.sum_doms)
+    used = set().union(*(free_vars(ix) for ix in term.indices)) if term.indices else set()
+    inner = []
+    while axes:
+        s, (lo, ext) = axes[-1], doms[-1]
+        others = set().union(*(free_vars(x) for d in doms[:-1] for x in d)) if doms[:-1] else set()
+        if (lin(lo) is not None and lin(lo + ext - 1) is not None) or s in used or s in others:
+            break
+        inner.insert(0, (axes.pop(), doms.pop()))
+    if not inner:
+        return term
+    names = {s for s, _ in inner}
+    conds, core = _split(term.value)
+    mine = [c for c in conjuncts(conds) if free_vars(c) & names]
+    rest = [c for c in conjuncts(conds) if not free_vars(c) & names]
+    zero = const(0, term.dtype)
+    summed = reduce("sum", select(all_(*mine), core, zero) if mine else core,
+                    [s for s, _ in inner], [d for _, d in inner])
+    value = select(all_(*rest), summed, zero) if rest else summed
+    return Term(term.eq_vars, term.indices, value, tuple(axes), tuple(doms))
 
 
 def _single_point(b, outer):

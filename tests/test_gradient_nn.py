@@ -556,3 +556,38 @@ def test_mixed_second_derivative():
     x, y, v = rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5)
     outs = run([X, Y, V], [gx, ddx, ddy], [x, y, v])
     assert_close(outs, [2 * x * y, 2 * y * v, 2 * x * v])
+
+
+@pytest.mark.parametrize("k", [10, 100])        # positions in int64, then in int32 (LANE_POSITIONS)
+def test_kmeans_newton_direction_sums_each_centroids_own_points(rng, k):
+    """f = Σ_i min_j |C_j - P_i|² (GradBench's kmeans): J = ∂f/∂C and the
+    diagonal of the Hessian H = ∂(Σ J)/∂C sum, for each centroid, the points
+    whose nearest it is (an inverse index of the argmin), not every point;
+    the derivative of the argmin's one-hot is zero and folds away."""
+    n, d = 300, 4
+    P = te.placeholder((n, d), "float64", "P")
+    C = te.placeholder((k, d), "float64", "C")
+    e = te.reduce_axis(d, "e")
+    dist = te.compute((n, k), lambda i, j: te.sum((C[j, e] - P[i, e]) * (C[j, e] - P[i, e]), axis=e), name="dist")
+    j = te.reduce_axis(k, "j")
+    closest = te.compute((n,), lambda i: te.min(dist[i, j], axis=j), name="closest")
+    i = te.reduce_axis(n, "i")
+    f = te.compute((1,), lambda _: te.sum(closest[i], axis=i), name="f")
+    J, = te.gradient(f, [C])
+    H, = te.gradient(J, [C])
+    forward = te.cost([P, C], [f])["iterations"]
+    both = te.cost([P, C], [J, H])["iterations"]
+    # the forward again, the argmin (n·k), a counting sort (~2n + k) and two sums over each centroid's points
+    assert both <= forward + n * k + 4 * (n * d + k * d + n + k), (both, forward)
+    p = rng.standard_normal((n, d))
+    c = p[rng.choice(n, k, replace=False)] + 0.01 * rng.standard_normal((k, d))
+    got_j, got_h = te.build([P, C], [J, H])(p, c)
+    owner = ((p[:, None] - c[None]) ** 2).sum(-1).argmin(1)
+    want_j = np.zeros((k, d))
+    np.add.at(want_j, owner, 2 * (c[owner] - p))
+    want_h = np.repeat(2.0 * np.bincount(owner, minlength=k)[:, None], d, axis=1)
+    magnitude = np.zeros((k, d))
+    np.add.at(magnitude, owner, np.abs(2 * (c[owner] - p)))
+    bound = n * np.finfo(np.float64).eps * magnitude        # a sum of n terms in any order
+    assert np.all(np.abs(got_j - want_j) <= bound)
+    np.testing.assert_array_equal(got_h, want_h)
