@@ -911,8 +911,8 @@ def test_residue_classes_only_where_one_outer_loop_decides_the_test(rng):
 
 @settings(max_examples=12, deadline=None)
 @given(m=st.integers(2, 4), offset=st.integers(-3, 3), rows=st.integers(2, 40), cols=st.integers(1, 20),
-       scale=st.sampled_from([1, 2]))
-def test_residue_classes_compute_the_same_values_as_one_stage(rng, m, offset, rows, cols, scale):
+       scale=st.sampled_from([1, 2]), seed=st.integers(0, 2 ** 32 - 1))
+def test_residue_classes_compute_the_same_values_as_one_stage(m, offset, rows, cols, scale, seed):
     """For any modulus, offset and shape, a stage split by residue classes of
     its rows stores what numpy computes: ``Y[r, c] = X[(s r + k) // m, c]``
     where ``(s r + k) % m == 0`` (s coprime to m), else ``X[r, c] + 1``;
@@ -924,7 +924,7 @@ def test_residue_classes_compute_the_same_values_as_one_stage(rng, m, offset, ro
         te.equal((scale * r + offset) % m, 0), X[((scale * r + offset) // m) % rows, c], X[r, c] + 1.0), name="Y")
     kernel = te.build([X], [Y])
     assert len(_residue_stages(kernel, "Y")) == (m if rows >= m else 0)
-    a = rng.standard_normal((rows, cols)).astype(np.float32)
+    a = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     r = np.arange(rows)[:, None]
     want = np.where((scale * r + offset) % m == 0, a[((scale * r[:, 0] + offset) // m) % rows], a + np.float32(1))
     np.testing.assert_array_equal(kernel(a), want)
@@ -1020,8 +1020,8 @@ def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop(rng):
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(4, 700), taps=st.dictionaries(st.integers(-4, 4), st.sampled_from([0.5, -1.25, 2.0]),
                                                     min_size=1, max_size=4),
-       rows=st.sampled_from([None, 3]))
-def test_interior_split_computes_the_stencil_gradient_of_any_shape(rng, n, taps, rows):
+       rows=st.sampled_from([None, 3]), seed=st.integers(0, 2 ** 32 - 1))
+def test_interior_split_computes_the_stencil_gradient_of_any_shape(n, taps, rows, seed):
     """For any taps, length, and with or without an outer loop of rows, the
     gradient of a stencil (split into border, interior and border stages
     wherever the interior holds a cache line and is as long as the borders)
@@ -1042,6 +1042,7 @@ def test_interior_split_computes_the_stencil_gradient_of_any_shape(rng, n, taps,
     for st in parts:
         if st.name == "dx.interior":
             assert " if " not in stmt_text(st.body)
+    rng = np.random.default_rng(seed)
     a = rng.standard_normal(shape).astype(np.float32)
     h = rng.standard_normal(shape[:-1] + (m,)).astype(np.float32)
     want = (_np_stencil_gradient(h, n, taps, lo) if rows is None else
