@@ -24,7 +24,8 @@ One :class:`Kernel` holds, for one program:
   ``jax.nn``/``torch.nn.functional``, ``lax``: ``jax.lax``);
 - ``flops`` (forward + backward GEMM flops, multiply-add = 2) or ``bytes``
   (the least memory traffic a loss + gradients pass needs); ``limit`` says
-  which machine limit the kernel is compared with.
+  which machine limit the kernel is compared with: ``"fma"`` the FMA peak
+  for its dtype, ``"bandwidth"`` the copy bandwidth.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Kernel:
     head: bool = True              # loss = Σ(output · H) with H the last float input
     flops: float = 0.0             # GEMM flops of forward + backward
     bytes: float = 0.0             # minimal bytes moved by loss + gradients
-    limit: str = ""                # "sgemm", "dgemm", "bandwidth" or "" (none)
+    limit: str = ""                # "fma", "bandwidth" or "" (none)
     int_inputs: tuple = field(default=())
 
     @property
@@ -117,14 +118,15 @@ def _matmul_te(te, P):
     return te.compute((n, B.shape[1]), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
 
 
-N1 = 256
-MATMUL = Kernel(
-    1, "matmul", "matmul 256³", dict(A=(N1, N1), B=(N1, N1), H=(N1, N1)), ("A", "B"),
-    make=lambda r: dict(A=_normal(r, (N1, N1)), B=_normal(r, (N1, N1)), H=_normal(r, (N1, N1))),
-    numpy=_matmul_np, te=_matmul_te,
-    jax=lambda m: lambda A, B, H: m.np.sum((A @ B) * H),
-    torch=lambda m: lambda A, B, H: ((A @ B) * H).sum(),
-    flops=3 * 2 * N1 ** 3, limit="sgemm")
+def matmul_kernel(n: int = 256, dtype: str = "float32") -> Kernel:
+    """Kernel 1 at ``n``³ in ``dtype`` (the size sweep varies both)."""
+    return Kernel(
+        1, "matmul", f"matmul {n}³", dict(A=(n, n), B=(n, n), H=(n, n)), ("A", "B"),
+        make=lambda r: dict(A=_normal(r, (n, n)), B=_normal(r, (n, n)), H=_normal(r, (n, n))),
+        numpy=_matmul_np, te=_matmul_te,
+        jax=lambda m: lambda A, B, H: m.np.sum((A @ B) * H),
+        torch=lambda m: lambda A, B, H: ((A @ B) * H).sum(),
+        dtype=dtype, flops=3 * 2 * n ** 3, limit="fma")
 
 
 # ---------------------------------------------------------------- 2. dense + bias + relu
@@ -152,13 +154,10 @@ DENSE = Kernel(
     numpy=_dense_np, te=_dense_te,
     jax=lambda m: lambda X, W, b, H: m.np.sum(m.nn.relu(X @ W.T + b) * H),
     torch=lambda m: lambda X, W, b, H: (m.nn.relu(m.nn.linear(X, W, b)) * H).sum(),
-    flops=3 * 2 * DN * DI * DO, limit="sgemm")
+    flops=3 * 2 * DN * DI * DO, limit="fma")
 
 
 # ---------------------------------------------------------------- 3. conv2d NCHW, pad 1
-
-
-CN, CC, CH, CF, CK = 8, 32, 28, 32, 3
 
 
 def _im2col(xp, K, OH, OW):
@@ -190,14 +189,19 @@ def _conv_np(X, Wt, H):
     return loss, [dxp[:, :, 1:1 + Hh, 1:1 + Ww].transpose(1, 0, 2, 3), dW], out.transpose(1, 0, 2, 3)
 
 
+def padded_te(te, X, pad: int):
+    """The NCHW tensor ``X`` with ``pad`` zeros around each image."""
+    N, C, H, W = X.shape
+    return te.compute((N, C, H + 2 * pad, W + 2 * pad),
+                      lambda n, c, h, w: te.if_then_else(te.all(h >= pad, h < H + pad, w >= pad, w < W + pad),
+                                                         X[n, c, h - pad, w - pad], 0.0), name="Xp")
+
+
 def _conv_te(te, P):
     X, Wt = P["X"], P["Wt"]
     N, C, H, W = X.shape
     F, _, K, _ = Wt.shape
-    pad = 1
-    Xp = te.compute((N, C, H + 2 * pad, W + 2 * pad),
-                    lambda n, c, h, w: te.if_then_else(te.all(h >= pad, h < H + pad, w >= pad, w < W + pad),
-                                                       X[n, c, h - pad, w - pad], 0.0), name="Xp")
+    Xp = padded_te(te, X, 1)
     c, kh, kw = te.reduce_axis(C, "c"), te.reduce_axis(K, "kh"), te.reduce_axis(K, "kw")
     return te.compute((N, F, H, W), lambda n, f, y, x: te.sum(Xp[n, c, y + kh, x + kw] * Wt[f, c, kh, kw],
                                                               axis=[c, kh, kw]), name="conv")
@@ -210,14 +214,17 @@ def _conv_jax(m):
     return loss
 
 
-CONV = Kernel(
-    3, "conv2d", "conv2d 8×32×28×28 ∗ 32×32×3×3, pad 1",
-    dict(X=(CN, CC, CH, CH), Wt=(CF, CC, CK, CK), H=(CN, CF, CH, CH)), ("X", "Wt"),
-    make=lambda r: dict(X=_normal(r, (CN, CC, CH, CH)), Wt=_normal(r, (CF, CC, CK, CK), (CC * CK * CK) ** -0.5),
-                        H=_normal(r, (CN, CF, CH, CH))),
-    numpy=_conv_np, te=_conv_te, jax=_conv_jax,
-    torch=lambda m: lambda X, Wt, H: (m.nn.conv2d(X, Wt, padding=1) * H).sum(),
-    flops=3 * 2 * CN * CF * CH * CH * CC * CK * CK, limit="sgemm")
+def conv_kernel(n: int = 8, c: int = 32, h: int = 28) -> Kernel:
+    """Kernel 3 on ``n``×``c``×``h``×``h`` data with ``c`` 3×3 filters."""
+    k = 3
+    return Kernel(
+        3, "conv2d", f"conv2d {n}×{c}×{h}×{h} ∗ {c}×{c}×3×3, pad 1",
+        dict(X=(n, c, h, h), Wt=(c, c, k, k), H=(n, c, h, h)), ("X", "Wt"),
+        make=lambda r: dict(X=_normal(r, (n, c, h, h)), Wt=_normal(r, (c, c, k, k), (c * k * k) ** -0.5),
+                            H=_normal(r, (n, c, h, h))),
+        numpy=_conv_np, te=_conv_te, jax=_conv_jax,
+        torch=lambda m: lambda X, Wt, H: (m.nn.conv2d(X, Wt, padding=1) * H).sum(),
+        flops=3 * 2 * n * c * h * h * c * k * k, limit="fma")
 
 
 # ---------------------------------------------------------------- 4. maxpool 2×2 / 2
@@ -265,9 +272,6 @@ MAXPOOL = Kernel(
 # ---------------------------------------------------------------- 5. softmax cross-entropy
 
 
-SN, SC = 256, 1000
-
-
 def _softmax_ce_np(Z, L):
     N = Z.shape[0]
     rows = np.arange(N)
@@ -299,13 +303,15 @@ def _softmax_ce_jax(m):
     return loss
 
 
-SOFTMAX_CE = Kernel(
-    5, "softmax_ce", "softmax cross-entropy 256×1000, int labels, mean", dict(Z=(SN, SC), L=(SN,)), ("Z",),
-    make=lambda r: dict(Z=_normal(r, (SN, SC), 2.0), L=r.integers(0, SC, SN)),
-    numpy=_softmax_ce_np, te=lambda te, P: _lse_minus_picked_te(te, P["Z"], P["L"], "loss"),
-    jax=_softmax_ce_jax,
-    torch=lambda m: lambda Z, L: m.nn.cross_entropy(Z, L),
-    head=False, bytes=4 * 2 * SN * SC + 4 * SN, limit="bandwidth", int_inputs=("L",))
+def softmax_ce_kernel(n: int = 256, c: int = 1000) -> Kernel:
+    """Kernel 5 on ``n`` rows of ``c`` classes."""
+    return Kernel(
+        5, "softmax_ce", f"softmax cross-entropy {n}×{c}, int labels, mean", dict(Z=(n, c), L=(n,)), ("Z",),
+        make=lambda r: dict(Z=_normal(r, (n, c), 2.0), L=r.integers(0, c, n)),
+        numpy=_softmax_ce_np, te=lambda te, P: _lse_minus_picked_te(te, P["Z"], P["L"], "loss"),
+        jax=_softmax_ce_jax,
+        torch=lambda m: lambda Z, L: m.nn.cross_entropy(Z, L),
+        head=False, bytes=4 * 2 * n * c + 4 * n, limit="bandwidth", int_inputs=("L",))
 
 
 # ---------------------------------------------------------------- 6. elementwise
@@ -321,15 +327,24 @@ def _elementwise_np(x, H):
     return np.vdot(y, H), [H * (1 - y * y) * u * ((1 - s) - 2 * x)], y
 
 
-ELEMENTWISE = Kernel(
-    6, "elementwise", "tanh(sigmoid(x)·exp(-x²)) on 2²⁰", dict(x=(EN,), H=(EN,)), ("x",),
-    make=lambda r: dict(x=_normal(r, EN), H=_normal(r, EN)),
-    numpy=_elementwise_np,
-    te=lambda te, P: te.compute((EN,), lambda i: te.tanh(te.sigmoid(P["x"][i]) * te.exp(-P["x"][i] * P["x"][i])),
-                                name="y"),
-    jax=lambda m: lambda x, H: m.np.sum(m.np.tanh(m.nn.sigmoid(x) * m.np.exp(-x * x)) * H),
-    torch=lambda m: lambda x, H: (m.np.tanh(m.np.sigmoid(x) * m.np.exp(-x * x)) * H).sum(),
-    bytes=4 * 3 * EN, limit="bandwidth")
+def _power_of_two(n: int) -> str:
+    """``n`` as 2 with a superscript exponent when it is a power of two."""
+    if n & (n - 1):
+        return str(n)
+    return "2" + str(n.bit_length() - 1).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def elementwise_kernel(n: int = EN, dtype: str = "float32") -> Kernel:
+    """Kernel 6 on ``n`` values of ``dtype``."""
+    return Kernel(
+        6, "elementwise", f"tanh(sigmoid(x)·exp(-x²)) on {_power_of_two(n)}", dict(x=(n,), H=(n,)), ("x",),
+        make=lambda r: dict(x=_normal(r, n), H=_normal(r, n)),
+        numpy=_elementwise_np,
+        te=lambda te, P: te.compute((n,), lambda i: te.tanh(te.sigmoid(P["x"][i]) * te.exp(-P["x"][i] * P["x"][i])),
+                                    name="y"),
+        jax=lambda m: lambda x, H: m.np.sum(m.np.tanh(m.nn.sigmoid(x) * m.np.exp(-x * x)) * H),
+        torch=lambda m: lambda x, H: (m.np.tanh(m.np.sigmoid(x) * m.np.exp(-x * x)) * H).sum(),
+        dtype=dtype, bytes=np.dtype(dtype).itemsize * 3 * n, limit="bandwidth")
 
 
 # ---------------------------------------------------------------- 7. the f64 seed program
@@ -361,7 +376,7 @@ SEED = Kernel(
     numpy=_seed_np, te=_seed_te,
     jax=lambda m: lambda A, B: -2.5 * m.np.sum(m.np.log1p(0.25 * (A @ B - 18) ** 2)),
     torch=lambda m: lambda A, B: -2.5 * m.np.log1p(0.25 * (A @ B - 18) ** 2).sum(),
-    dtype="float64", head=False, flops=3 * 2 * SD ** 3, limit="dgemm")
+    dtype="float64", head=False, flops=3 * 2 * SD ** 3, limit="fma")
 
 
 # ---------------------------------------------------------------- 8. 3-point stencil
@@ -415,7 +430,7 @@ STRIDED = Kernel(
 # ---------------------------------------------------------------- 10. MLP step
 
 
-MB, MI, MH, MO = 128, 784, 512, 10
+MI, MH, MO = 784, 512, 10
 
 
 def _mlp_np(W1, b1, W2, b2, X, L):
@@ -458,13 +473,16 @@ def _mlp_torch(m):
     return loss
 
 
-MLP = Kernel(
-    10, "mlp", "MLP 784→512→10 tanh + softmax-CE, batch 128",
-    dict(W1=(MH, MI), b1=(MH,), W2=(MO, MH), b2=(MO,), X=(MB, MI), L=(MB,)), ("W1", "b1", "W2", "b2"),
-    make=lambda r: dict(W1=_normal(r, (MH, MI), MI ** -0.5), b1=_normal(r, MH, 0.1), W2=_normal(r, (MO, MH), MH ** -0.5),
-                        b2=_normal(r, MO, 0.1), X=_normal(r, (MB, MI)), L=r.integers(0, MO, MB)),
-    numpy=_mlp_np, te=_mlp_te, jax=_mlp_jax, torch=_mlp_torch,
-    head=False, flops=2 * 2 * MB * MI * MH + 3 * 2 * MB * MH * MO, limit="sgemm", int_inputs=("L",))
+def mlp_kernel(batch: int = 128) -> Kernel:
+    """Kernel 10 on a batch of ``batch`` examples."""
+    return Kernel(
+        10, "mlp", f"MLP 784→512→10 tanh + softmax-CE, batch {batch}",
+        dict(W1=(MH, MI), b1=(MH,), W2=(MO, MH), b2=(MO,), X=(batch, MI), L=(batch,)), ("W1", "b1", "W2", "b2"),
+        make=lambda r: dict(W1=_normal(r, (MH, MI), MI ** -0.5), b1=_normal(r, MH, 0.1),
+                            W2=_normal(r, (MO, MH), MH ** -0.5), b2=_normal(r, MO, 0.1), X=_normal(r, (batch, MI)),
+                            L=r.integers(0, MO, batch)),
+        numpy=_mlp_np, te=_mlp_te, jax=_mlp_jax, torch=_mlp_torch,
+        head=False, flops=2 * 2 * batch * MI * MH + 3 * 2 * batch * MH * MO, limit="fma", int_inputs=("L",))
 
 
 # ---------------------------------------------------------------- 11. embedding
@@ -581,7 +599,7 @@ def rnn_kernel(T: int = RT) -> Kernel:
         make=lambda r: dict(X=_normal(r, (T, RB, RI)), W=_normal(r, (RH, RH), RH ** -0.5),
                             U=_normal(r, (RH, RI), RI ** -0.5), H=_normal(r, (RB, RH))),
         numpy=_rnn_np, te=_rnn_te, jax=_rnn_jax, torch=_rnn_torch,
-        flops=3 * 2 * T * RB * RH * (RH + RI), limit="sgemm")
+        flops=3 * 2 * T * RB * RH * (RH + RI), limit="fma")
 
 
 def _sig(z):
@@ -666,9 +684,9 @@ def lstm_kernel(T: int = RT) -> Kernel:
         make=lambda r: dict(X=_normal(r, (T, RB, RI)), W=_normal(r, (4 * RH, RI), RI ** -0.5),
                             R=_normal(r, (4 * RH, RH), RH ** -0.5), H=_normal(r, (RB, RH))),
         numpy=_lstm_np, te=_lstm_te, jax=_lstm_jax, torch=_lstm_torch,
-        flops=3 * 2 * T * RB * 4 * RH * (RH + RI), limit="sgemm")
+        flops=3 * 2 * T * RB * 4 * RH * (RH + RI), limit="fma")
 
 
-KERNELS = {k.id: k for k in (MATMUL, DENSE, CONV, MAXPOOL, SOFTMAX_CE, ELEMENTWISE, SEED, STENCIL, STRIDED, MLP,
-                             EMBEDDING, GATHER, rnn_kernel(), lstm_kernel())}
+KERNELS = {k.id: k for k in (matmul_kernel(), DENSE, conv_kernel(), MAXPOOL, softmax_ce_kernel(), elementwise_kernel(),
+                             SEED, STENCIL, STRIDED, mlp_kernel(), EMBEDDING, GATHER, rnn_kernel(), lstm_kernel())}
 STEPPED = {13: rnn_kernel, 14: lstm_kernel}      # the kernels over a number of time steps

@@ -12,9 +12,11 @@ from pathlib import Path
 from .kernels import KERNELS
 from .peer_isa import UNCAPPED, peer_caps
 from .peers import LABELS, PEERS
+from .roofline import REASONS, cache_level, caches, footprint, peaks_markdown, percent, rates
 from .worker import TOL
 
 OTHERS = [p for p in PEERS if p != "te"]
+COLORS = {"te": "#d62728", "numpy": "#7f7f7f", "jax": "#1f77b4", "torch": "#ff7f0e", "torch.compile": "#2ca02c"}
 
 
 # ------------------------------------------------------------------ machine
@@ -75,7 +77,7 @@ def machine() -> dict:
     return dict(cpu=cpu.get("model name", platform.processor() or "unknown"), cores=os.cpu_count(), simd=simd,
                 target=str(te.target()), isa=isa_name(), peer_caps=peer_caps(),
                 mem_gb=cpu.get("mem_gb"), python=platform.python_version(), platform=platform.platform(),
-                git=_git_rev(),
+                git=_git_rev(), caches=caches(),
                 versions={d: _version(d) for d in ("te-autodiff", "numpy", "llvmlite", "jax", "jaxlib", "torch",
                                                    "matplotlib")})
 
@@ -87,35 +89,49 @@ def _ok(r) -> bool:
     return r is not None and r.get("status") == "ok"
 
 
-def summarise(limits: dict, results: list) -> list:
-    """One row per kernel: times per peer, fastest correct peer, ratio, rates."""
-    by = {(r["kernel"], r["peer"]): r for r in results}
-    kernels = sorted({r["kernel"] for r in results})
+def summarise(limits: dict, results: list, key: str = "kernel", kernel_of=KERNELS.__getitem__) -> list:
+    """One row per kernel (per ``key``: ``"case"`` for the size sweep, whose
+    kernels ``kernel_of`` makes): times per peer, fastest correct peer,
+    ratio, and te's and that peer's rates against the limits
+    (``roofline.rates``: ``te_rates``, ``peer_rates``)."""
+    by = {(r[key], r["peer"]): r for r in results}
+    names = sorted({r[key] for r in results}) if key == "kernel" else list(dict.fromkeys(r[key] for r in results))
     rows = []
-    for kid in kernels:
-        k = KERNELS[kid]
-        te = by.get((kid, "te"))
-        peers = {p: by.get((kid, p)) for p in OTHERS if (kid, p) in by}
+    for name in names:
+        k = kernel_of(name)
+        te = by.get((name, "te"))
+        peers = {p: by.get((name, p)) for p in OTHERS if (name, p) in by}
         good = {p: r["median_ms"] for p, r in peers.items() if _ok(r) and r["correct"]}
         fastest = min(good, key=good.get) if good else None
         te_ok = _ok(te) and te["correct"]
         ratio = good[fastest] / te["median_ms"] if te_ok and fastest else None
-        row = dict(kernel=kid, te=te, peers=peers, fastest=fastest, fastest_ms=good.get(fastest), ratio=ratio)
-        limit_value = {"sgemm": limits.get("sgemm_gflops"), "dgemm": limits.get("dgemm_gflops"),
-                       "bandwidth": limits.get("bandwidth_gbs")}.get(k.limit)
+        row = {key: name, "te": te, "peers": peers, "fastest": fastest, "fastest_ms": good.get(fastest),
+               "ratio": ratio, "kernel_record": k}
         for who, ms in (("te", te["median_ms"] if _ok(te) else None), ("peer", good.get(fastest))):
-            if ms is None:
-                continue
-            if k.flops:
-                rate, unit = k.flops / (ms * 1e-3) / 1e9, "GFLOP/s"
-            elif k.bytes:
-                rate, unit = k.bytes / (ms * 1e-3) / 1e9, "GB/s"
-            else:
-                continue
-            row[who + "_rate"], row["unit"] = rate, unit
-            row[who + "_frac"] = rate / limit_value if limit_value else None
+            if ms is not None:
+                row[who + "_rates"] = rates(k, ms, limits)
         rows.append(row)
     return rows
+
+
+def ratio_line(rows: list, what: str) -> str:
+    """The geometric mean of peer / te over the rows with a ratio, and how often te is at least as fast."""
+    ratios = [r["ratio"] for r in rows if r["ratio"]]
+    return (f"**Geometric mean of (fastest peer ms / te ms) over {len(ratios)} {what}: {geomean(ratios):.3f}** "
+            f"(> 1 means te-autodiff is faster); te is at least as fast as the fastest peer on "
+            f"{sum(1 for x in ratios if x >= 1)} of {len(ratios)}.")
+
+
+def percent_cell(row: dict, who: str, mach: dict, threads: int) -> str:
+    """``who``'s (``"te"`` or ``"peer"``: the fastest) first rate of a
+    summary row as a percentage of its limit, with the reason when above
+    100% (``roofline.percent``)."""
+    r = (row.get(who + "_rates") or [None])[0]
+    if not r or r["frac"] is None:
+        return "–"
+    k = row["kernel_record"]
+    wider = bool(mach.get("peer_caps")) and who == "peer" and row["fastest"] == "jax" and k.limit == "fma"
+    return percent(r, cache_level(footprint(k), mach.get("caches") or [], threads), wider)
 
 
 def geomean(values) -> float | None:
@@ -152,10 +168,10 @@ def _compile(r) -> str:
     return f"{r['compile_s']:.2f}"
 
 
-def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
-    rows = summarise(limits, results)
-    peers_run = [p for p in PEERS if p in run["peers"]]
-    others = [p for p in peers_run if p != "te"]
+def markdown(run: dict, mach: dict, limits: dict, results: list, sweep=()) -> str:
+    """RESULTS.md: the machine and its peaks, then the size sweep's and the kernels' sections (those run)."""
+    from .sweep_report import sweep_markdown            # it imports this module's helpers
+
     L = []
     L.append("# te-autodiff benchmark results")
     L.append("")
@@ -176,27 +192,32 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
                  + f"; {UNCAPPED}")
     L.append(f"- Python {mach['python']} on {mach['platform']}")
     L.append("- " + ", ".join(f"{d} {v}" for d, v in mach["versions"].items()))
-    if limits.get("status") == "ok":
-        per = limits.get("by_threads", {})
-        split = ""
-        if len(per) > 1:
-            split = " (" + "; ".join(f"{t} thread(s): sgemm {r['sgemm_gflops']:.0f}, copy {r['copy_gbs']:.1f}"
-                                     for t, r in per.items()) + ")"
-        L.append(f"- Limits measured in this run (numpy, best of N calls, better of 1 and {run['threads']} "
-                 f"thread(s)): sgemm 1024³ **{limits['sgemm_gflops']:.0f} GFLOP/s**, dgemm 1024³ "
-                 f"{limits['dgemm_gflops']:.0f} GFLOP/s; copy **{limits['copy_gbs']:.1f} GB/s**, triad "
-                 f"{limits['triad_gbs']:.1f} GB/s{split}; {limits['array_mb']:.0f} MB float32 arrays, read + write "
-                 "bytes counted (the numpy triad makes two passes but is credited with three arrays). "
-                 f"For comparison, copy of 4 MB arrays that stay in cache: {limits.get('copy_4mb_gbs', float('nan')):.1f} "
-                 "GB/s (kernels 6, 8, 9 work on 4–8 MB arrays, so they can exceed the large-array figure)")
-    else:
-        L.append(f"- Limits: {limits.get('status')}: {limits.get('error')}")
+    if mach.get("caches"):
+        L.append("- Data caches: " + ", ".join(f"L{c['level']} {c['bytes'] >> 10} KiB"
+                                               + (f" shared by {c['sharing']} cores" if c["sharing"] > 1 else "")
+                                               for c in mach["caches"]))
     if run.get("load_start") is not None:
         L.append(f"- Load average (1 min) at start / end of the run: {run['load_start']:.2f} / {run['load_end']:.2f} "
                  f"on {mach['cores']} logical cores" + (" — **other processes were running: the figures are "
                                                         "noisy**" if max(run["load_start"], run["load_end"]) > 0.5
                                                         else ""))
     L.append("")
+    L.append("## Peaks measured in this run")
+    L.append("")
+    L += peaks_markdown(limits, run["threads"])
+    L.append("")
+    if sweep:
+        L += sweep_markdown(run, mach, limits, sweep)
+    if results:
+        _kernel_sections(run, mach, limits, results, L)
+    return "\n".join(L)
+
+
+def _kernel_sections(run: dict, mach: dict, limits: dict, results: list, L: list):
+    """The kernels' table, compile times, correctness and method, appended to ``L``."""
+    rows = summarise(limits, results)
+    peers_run = [p for p in PEERS if p in run["peers"]]
+    others = [p for p in peers_run if p != "te"]
     L.append("## Median forward + backward time (ms, best of 5 rounds)")
     L.append("")
     head = ["#", "kernel", "te"] + [LABELS[p] for p in others] + \
@@ -212,19 +233,14 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
         cells.append(f"**{row['ratio']:.2f}**" if row["ratio"] else "–")
         cells.append(_compile(te))
         cells.append(("ok" if te["correct"] else "err") if _ok(te) else (te or {}).get("status", "–"))
-        rate = row.get("te_rate")
-        cells.append(f"{rate:.3g} {row['unit']}" if rate else "–")
-        tag = {"sgemm": "sgemm", "dgemm": "dgemm", "bandwidth": "copy"}.get(k.limit, "")
-        cells.append(f"{100 * row['te_frac']:.1f}% {tag}" if row.get("te_frac") else "–")
-        cells.append(f"{100 * row['peer_frac']:.1f}% {tag}" if row.get("peer_frac") else "–")
+        te_rate = (row.get("te_rates") or [None])[0]
+        cells.append(f"{te_rate['rate']:.3g} {te_rate['unit']}" if te_rate else "–")
+        cells += [percent_cell(row, who, mach, run["threads"]) for who in ("te", "peer")]
         L.append("| " + " | ".join(cells) + " |")
     L.append("")
     gm = geomean([r["ratio"] for r in rows])
-    n = sum(1 for r in rows if r["ratio"])
     if gm is not None:
-        wins = sum(1 for r in rows if r["ratio"] and r["ratio"] >= 1)
-        L.append(f"**Geometric mean of (fastest peer ms / te ms) over {n} kernel(s): {gm:.3f}** "
-                 f"(> 1 means te-autodiff is faster); te is at least as fast as the fastest peer on {wins} of {n}.")
+        L.append(ratio_line(rows, "kernel(s)"))
     else:
         L.append("No ratio: te-autodiff or every peer is missing, failed or wrong on every kernel.")
     missing = [KERNELS[r["kernel"]].key for r in rows if not r["ratio"]]
@@ -232,10 +248,11 @@ def markdown(run: dict, mach: dict, limits: dict, results: list) -> str:
         L.append(f"Kernels without a ratio (te or all peers failed / wrong / not run): {', '.join(missing)}.")
     L.append("")
     L.append("`✗` marks a result outside the tolerance (not counted as fastest). "
-             "Rates: GFLOP/s counts the GEMM flops of forward + backward (kernels 1, 2, 3, 10 vs sgemm; 7 vs dgemm); "
-             "GB/s counts the least bytes a loss + gradient pass must move (read inputs and head, write gradients; "
-             "kernels 4, 5, 6, 8, 9, 11, 12 vs copy bandwidth). Issue targets: ≥ 60% of sgemm for 1, 2, 3, 10 and ≥ 70% of copy "
-             "for 6, 8, 9.")
+             "Rates: GFLOP/s counts the GEMM flops of forward + backward (kernels 1, 2, 3, 7, 10, 13, 14, against "
+             "the FMA peak of the kernel's dtype); GB/s counts the least bytes a loss + gradient pass must move (read "
+             "inputs and head, write gradients; kernels 4, 5, 6, 8, 9, 11, 12, against the copy bandwidth). "
+             + REASONS + " Issue targets: ≥ 60% of sgemm (the BLAS lines of the peaks) for 1, 2, 3, 10 and ≥ 70% "
+             "of copy for 6, 8, 9.")
     L.append("")
     L.append("## Compile / first-call time (s)")
     L.append("")
@@ -317,7 +334,6 @@ def chart(path: Path, run: dict, results: list) -> bool:
     peers = [p for p in PEERS if p in run["peers"]]
     by = {(r["kernel"], r["peer"]): r for r in results}
     width = 0.8 / max(1, len(peers))
-    colors = {"te": "#d62728", "numpy": "#7f7f7f", "jax": "#1f77b4", "torch": "#ff7f0e", "torch.compile": "#2ca02c"}
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(kernels) + 2), 4.8))
     failed = []
     for n, p in enumerate(peers):
@@ -331,7 +347,7 @@ def chart(path: Path, run: dict, results: list) -> bool:
                 hatch.append(not r["correct"])
             elif r is not None:
                 failed.append((x, r.get("status", "error")))
-        bars = ax.bar(xs, ys, width, label=LABELS[p], color=colors.get(p))
+        bars = ax.bar(xs, ys, width, label=LABELS[p], color=COLORS.get(p))
         for b, h in zip(bars, hatch):
             if h:
                 b.set_hatch("xx")
@@ -351,18 +367,22 @@ def chart(path: Path, run: dict, results: list) -> bool:
     return True
 
 
-def write_outputs(out_dir: Path, run: dict, limits: dict, results: list, mach: dict | None = None):
+def write_outputs(out_dir: Path, run: dict, limits: dict, results: list, mach: dict | None = None, sweep=()):
+    from .sweep_report import sweep_chart               # it imports this module's helpers
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mach = mach or machine()
-    md = markdown(run, mach, limits, results)
+    md = markdown(run, mach, limits, results, sweep)
     paths = [out_dir / "RESULTS.md", out_dir / "results.json"]
     paths[0].write_text(md)
     rows = summarise(limits, results)
     summary = dict(geomean_ratio=geomean([r["ratio"] for r in rows]),
                    ratios={KERNELS[r["kernel"]].key: r["ratio"] for r in rows})
-    paths[1].write_text(json.dumps(dict(run=run, machine=mach, limits=limits, summary=summary, results=results),
-                                   indent=1))
-    if chart(out_dir / "results.png", run, results):
+    paths[1].write_text(json.dumps(dict(run=run, machine=mach, limits=limits, summary=summary, results=results,
+                                        sweep=list(sweep)), indent=1))
+    if results and chart(out_dir / "results.png", run, results):
         paths.append(out_dir / "results.png")
+    if sweep and sweep_chart(out_dir / "sizes.png", run, sweep):
+        paths.append(out_dir / "sizes.png")
     return md, paths

@@ -1,6 +1,6 @@
 """Run the suite: machine limits, then every (kernel, peer) in its own subprocess.
 
-``python -m benchmarks [--kernels 1,3] [--peers te,numpy] [--quick] [--threads N] [--out DIR]``
+``python -m benchmarks [--kernels 1,3] [--sizes [matmul,...]] [--peers te,numpy] [--quick] [--threads N] [--out DIR]``
 
 A full run (all kernels, all peers, not ``--quick``) writes
 ``RESULTS.md``, ``results.png`` and ``results.json`` into
@@ -8,7 +8,9 @@ A full run (all kernels, all peers, not ``--quick``) writes
 (``avx2``, ``avx512``, ``sse``, ``neon``: ``TE_TARGET`` picks a narrower one
 than the machine's), one committed report per ISA; a partial or quick run writes them to a
 temporary directory (printed) unless ``--out`` says where, so a smoke test
-never overwrites the committed report.
+never overwrites the committed report.  ``--sizes`` runs the size sweep
+(``sizes.py``) the same way, instead of the kernels unless ``--kernels`` is
+given too; a full sweep writes into ``benchmarks/<isa>/sizes/``.
 """
 from __future__ import annotations
 
@@ -28,10 +30,12 @@ from .kernels import KERNELS
 from .peer_isa import peer_caps, with_caps
 from .peers import PEERS, installed
 from .report import isa_name, write_outputs
+from .sizes import cases
 from .worker import MARK
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+SWEEP_PEERS = tuple(p for p in PEERS if p != "torch.compile")    # the sweep's default: compiling is slow
 
 
 def parse_args(argv=None):
@@ -46,6 +50,9 @@ def parse_args(argv=None):
                    help="seconds per (kernel, peer) process (default 600, quick 120)")
     p.add_argument("--repeat", type=int, default=1,
                    help="passes over every (kernel, peer), interleaved; each keeps its best pass (default 1)")
+    p.add_argument("--sizes", nargs="?", const="all", default=None, metavar="FAMILIES",
+                   help="the size sweep: every family at every size, or the families / cases named "
+                        "(matmul,attention:128); without --kernels, no kernels")
     p.add_argument("--render", metavar="JSON", default=None,
                    help="only rewrite RESULTS.md and the chart from a results.json of an earlier run")
     args = p.parse_args(argv)
@@ -60,7 +67,11 @@ def parse_args(argv=None):
             ids.append(kid)
         args.kernel_ids = ids
     else:
-        args.kernel_ids = list(KERNELS)
+        args.kernel_ids = [] if args.sizes else list(KERNELS)
+    try:
+        args.cases = cases(args.sizes) if args.sizes else []
+    except ValueError as e:
+        p.error(str(e))
     if args.peers:
         peers = [s.strip() for s in args.peers.split(",") if s.strip()]
         for s in peers:
@@ -68,7 +79,7 @@ def parse_args(argv=None):
                 p.error(f"unknown peer {s!r}; known: {', '.join(PEERS)}")
         args.peer_list = [s for s in PEERS if s in peers]
     else:
-        args.peer_list = list(PEERS)
+        args.peer_list = list(SWEEP_PEERS if args.sizes else PEERS)
     if args.timeout is None:
         args.timeout = 120.0 if args.quick else 600.0
     args.threads = max(1, args.threads)
@@ -131,9 +142,9 @@ def measure_limits(args) -> dict:
     good = {t: r for t, r in runs.items() if r.get("status") == "ok"}
     if not good:
         return next(iter(runs.values()))
-    keys = [k for k, v in next(iter(good.values())).items() if isinstance(v, float)]
-    limits = {k: max(r[k] for r in good.values()) for k in keys}
-    limits.update(status="ok", by_threads={str(t): r for t, r in good.items()})
+    first = next(iter(good.values()))
+    limits = {**first, **{k: max(r[k] for r in good.values()) for k, v in first.items() if isinstance(v, float)}}
+    limits.update(by_threads={str(t): r for t, r in good.items()})
     return limits
 
 
@@ -167,41 +178,46 @@ def main(argv=None) -> int:
     if args.render:
         data = json.loads(Path(args.render).read_text())
         out_dir = Path(args.out) if args.out else Path(args.render).resolve().parent
-        md, paths = write_outputs(out_dir, data["run"], data["limits"], data["results"], data.get("machine"))
+        md, paths = write_outputs(out_dir, data["run"], data["limits"], data["results"], data.get("machine"),
+                                  data.get("sweep", []))
         print(md)
         print("wrote " + ", ".join(str(p) for p in paths))
         return 0
-    full = (not args.quick and args.kernel_ids == list(KERNELS) and args.peer_list == list(PEERS))
+    full = (not args.quick and args.kernel_ids == list(KERNELS) and args.peer_list == list(PEERS) and not args.cases)
+    full_sweep = (not args.quick and not args.kernel_ids and args.sizes == "all"
+                  and args.peer_list == list(SWEEP_PEERS))
     out_dir = Path(args.out) if args.out else (
-        HERE / isa_name() if full else Path(tempfile.gettempdir()) / "te-autodiff-bench")
+        HERE / isa_name() if full else HERE / isa_name() / "sizes" if full_sweep
+        else Path(tempfile.gettempdir()) / "te-autodiff-bench")
     given = list(argv) if argv is not None else sys.argv[1:]
     command = " ".join(["python -m benchmarks"] + [shlex.quote(a) for a in given])
     t_start = time.perf_counter()
-    print(f"te-autodiff benchmarks: kernels {args.kernel_ids}, peers {args.peer_list}, threads {args.threads}"
-          f"{', quick' if args.quick else ''}", flush=True)
+    print(f"te-autodiff benchmarks: kernels {args.kernel_ids}, {len(args.cases)} size case(s), peers {args.peer_list}, "
+          f"threads {args.threads}{', quick' if args.quick else ''}", flush=True)
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    limits, results = None, {}
+    limits, results, sweep = None, {}, {}
     for n in range(max(args.repeat, 1)):
         if args.repeat > 1:
             print(f"pass {n + 1} of {args.repeat}", flush=True)
         limits = _better_limits(limits, measure_limits(args))
-        for kid in args.kernel_ids:
-            k = KERNELS[kid]
-            print(f"[{kid}] {k.title} ({k.dtype})", flush=True)
+        jobs = [(f"[{kid}] {KERNELS[kid].title} ({KERNELS[kid].dtype})", "kernel", kid, results)
+                for kid in args.kernel_ids] + [(f"[{case}]", "case", case, sweep) for case in args.cases]
+        for title, field, name, store in jobs:
+            print(title, flush=True)
             for peer in args.peer_list:
+                job = {"peer": peer, field: name}
                 if not installed(peer):
-                    res = dict(peer=peer, kernel=kid, status="not installed")
+                    res = dict(job, status="not installed")
                 else:
-                    res = run_child(dict(peer=peer, kernel=kid, quick=args.quick, threads=args.threads),
-                                    args.threads, args.timeout)
-                results[kid, peer] = _better_result(results.get((kid, peer)), res)
+                    res = run_child(dict(job, quick=args.quick, threads=args.threads), args.threads, args.timeout)
+                store[name, peer] = _better_result(store.get((name, peer)), res)
                 print(f"    {peer:14s} {_progress(res)}", flush=True)
-    results = list(results.values())
+    results, sweep = list(results.values()), list(sweep.values())
     total = time.perf_counter() - t_start
     run = dict(command=command, quick=args.quick, threads=args.threads, repeat=args.repeat, kernels=args.kernel_ids,
-               peers=args.peer_list, total_s=total, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+               cases=args.cases, peers=args.peer_list, total_s=total, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                load_start=load_start, load_end=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
-    md, paths = write_outputs(out_dir, run, limits, results)
+    md, paths = write_outputs(out_dir, run, limits, results, sweep=sweep)
     print()
     print(md)
     print("wrote " + ", ".join(str(p) for p in paths))

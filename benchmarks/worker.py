@@ -1,8 +1,9 @@
 """One measurement in its own process: ``python -m benchmarks.worker JSON``.
 
 The JSON argument is ``{"peer": ..., "kernel": id, "quick": bool, "threads": n}``
-for a kernel, or ``{"limits": true, "quick": bool, "threads": n}`` for the
-machine limits.  The result is printed as one JSON line prefixed with
+for a kernel, ``{"peer": ..., "case": "matmul:512", ...}`` for a case of the
+size sweep (``sizes.py``), or ``{"limits": true, "quick": bool, "threads": n}``
+for the machine limits (``peaks.py``).  The result is printed as one JSON line prefixed with
 ``RESULT `` (anything else on stdout/stderr is the libraries' chatter).
 Thread counts are set by the parent through the environment, before any
 library is imported.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import gc
 import json
 import sys
-import threading
 import time
 import traceback
 
@@ -81,15 +81,19 @@ def identical(x, y) -> bool:
     return bool(np.array_equal(l1, l2) and all(np.array_equal(a, b) for a, b in zip(g1, g2)))
 
 
-def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int, steps=None) -> dict:
-    """One (kernel, peer) measurement; ``steps``: a recurrent kernel over that many time steps."""
+def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int, steps=None, case=None) -> dict:
+    """One (kernel, peer) measurement; ``steps``: a recurrent kernel over
+    that many time steps; ``case``: a case of the size sweep instead."""
     from .kernels import KERNELS, STEPPED
     from .peers import PREPARE
+    from .sizes import kernel_for
 
-    kernel = KERNELS[kernel_id] if steps is None else STEPPED[kernel_id](steps)
-    arrays = kernel.arrays(np.random.default_rng(SEED + kernel_id))
+    kernel = kernel_for(case) if case else KERNELS[kernel_id] if steps is None else STEPPED[kernel_id](steps)
+    arrays = kernel.arrays(np.random.default_rng(SEED + kernel.id))
     ref_loss, ref_grads, loss_scale = kernel.reference(arrays)
-    res = dict(peer=peer, kernel=kernel_id, dtype=kernel.dtype)
+    res = dict(peer=peer, kernel=kernel.id, dtype=kernel.dtype)
+    if case:
+        res["case"] = case
     prep = PREPARE[peer](kernel, arrays, threads)
     res.update(compile_s=prep.compile_s, details=prep.details)
     first = prep.result(prep.first)
@@ -113,76 +117,19 @@ def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int, steps=None)
     return res
 
 
-# ------------------------------------------------------------------ machine limits
-
-
-def _best(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def _threaded(fn_chunk, chunks: int):
-    def run():
-        ts = [threading.Thread(target=fn_chunk, args=(c,)) for c in range(1, chunks)]
-        for t in ts:
-            t.start()
-        fn_chunk(0)
-        for t in ts:
-            t.join()
-    return run
-
-
-def run_limits(quick: bool, threads: int) -> dict:
-    """Best-of-N numpy sgemm / dgemm 1024³ GFLOP/s and copy / triad GB/s (large arrays)."""
-    rng = np.random.default_rng(0)
-    reps = 3 if quick else 20
-    out = {}
-    for name, dt in (("sgemm", np.float32), ("dgemm", np.float64)):
-        a, b = rng.random((1024, 1024)).astype(dt), rng.random((1024, 1024)).astype(dt)
-        c = np.empty((1024, 1024), dt)
-        out[name + "_gflops"] = 2 * 1024 ** 3 / _best(lambda: np.matmul(a, b, out=c), reps) / 1e9
-    n = 1 << (24 if quick else 25)                      # float32: 64 MB (quick) or 128 MB per array
-    src, dst = rng.random(n, np.float32), np.empty(n, np.float32)
-    b, c = rng.random(n, np.float32), rng.random(n, np.float32)
-    copy1 = 2 * 4 * n / _best(lambda: np.copyto(dst, src), reps) / 1e9
-    parts = max(1, threads)
-    edges = np.linspace(0, n, parts + 1).astype(np.int64)
-    copy_t = 2 * 4 * n / _best(_threaded(lambda k: np.copyto(dst[edges[k]:edges[k + 1]], src[edges[k]:edges[k + 1]]),
-                                         parts), reps) / 1e9
-
-    def triad(k):                                       # a = b + 3 c, in two numpy passes over a chunk
-        s = slice(edges[k], edges[k + 1])
-        np.multiply(c[s], np.float32(3), out=dst[s])
-        np.add(dst[s], b[s], out=dst[s])
-    triad_t = 3 * 4 * n / _best(_threaded(triad, parts), reps) / 1e9
-    m = 1 << 20                                         # 4 MB arrays: the size of the kernels' vectors
-    src_s, dst_s = src[:m].copy(), dst[:m].copy()
-    es = np.linspace(0, m, parts + 1).astype(np.int64)
-    copy_small = max(2 * 4 * m / _best(lambda: np.copyto(dst_s, src_s), 5 * reps) / 1e9,
-                     2 * 4 * m / _best(_threaded(lambda k: np.copyto(dst_s[es[k]:es[k + 1]], src_s[es[k]:es[k + 1]]),
-                                                 parts), 5 * reps) / 1e9)
-    out.update(copy_4mb_gbs=copy_small, copy_1thread_gbs=copy1, copy_gbs=max(copy1, copy_t), copy_threads_gbs=copy_t, triad_gbs=triad_t,
-               bandwidth_gbs=max(copy1, copy_t), array_mb=4 * n / 2 ** 20, status="ok")
-    return out
-
-
 def main(argv=None) -> int:
     args = json.loads((argv or sys.argv[1:])[0])
     try:
         if args.get("limits"):
+            from .peaks import run_limits
             res = run_limits(args.get("quick", False), args.get("threads", 1))
         else:
-            res = run_kernel(args["peer"], args["kernel"], args.get("quick", False), args.get("threads"),
-                             args.get("steps"))
+            res = run_kernel(args["peer"], args.get("kernel"), args.get("quick", False), args.get("threads"),
+                             args.get("steps"), args.get("case"))
     except Exception as exc:                            # reported, never raised: one failure must not stop the run
         frames = traceback.extract_tb(exc.__traceback__)
         where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
-        res = dict(peer=args.get("peer"), kernel=args.get("kernel"), status="error",
+        res = dict(peer=args.get("peer"), kernel=args.get("kernel"), case=args.get("case"), status="error",
                    error=f"{type(exc).__name__}: {exc}"[:2000], where=where, traceback=traceback.format_exc()[-4000:])
     sys.stdout.flush()
     print(MARK + json.dumps(res), flush=True)

@@ -62,3 +62,75 @@ def test_peers_are_kept_to_the_vector_width_of_a_narrower_target(monkeypatch):
     assert "X86_V4" not in dispatched and "AVX512_SKX" not in dispatched
     assert narrower == "haswell" or "X86_V3" not in dispatched
     assert torch_isa in ("no torch", {"haswell": "AVX2", "x86-64-v2": "DEFAULT"}[narrower])
+
+
+def test_size_sweep_quick_run(tmp_path):
+    """``--sizes`` with tiny cases: every (case, peer) measured and checked in
+    its own process, the peaks measured, and the sweep's tables written."""
+    cmd = [sys.executable, "-m", "benchmarks", "--quick", "--sizes", "matmul:16,depthwise:1x4x6,elementwise_f64:256",
+           "--peers", "te,numpy", "--threads", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["results"] == [] and data["run"]["cases"] == ["matmul:16", "depthwise:1x4x6", "elementwise_f64:256"]
+    runs = {(r["case"], r["peer"]): r for r in data["sweep"]}
+    assert set(runs) == {(c, p) for c in data["run"]["cases"] for p in ("te", "numpy")}
+    assert all(r["status"] == "ok" and r["correct"] and r["median_ms"] > 0 for r in runs.values()), runs
+    assert runs["elementwise_f64:256", "te"]["dtype"] == "float64"
+    limits = data["limits"]
+    assert limits["fma_f32_gflops"] > 0 and limits["fma_f64_gflops"] > 0 and limits["sgemm_gflops"] > 0
+    report = (tmp_path / "RESULTS.md").read_text()
+    for text in ("## Peaks", "FMA peak float32", "### matmul (float32)", "### elementwise_f64 (float64)",
+                 "matmul 16³", "% FMA peak", "% copy"):
+        assert text in report, text
+    assert "## Median forward" not in report                   # no kernels were run
+
+
+def test_fma_peak_loop_is_built_for_the_target():
+    """The peak loop fills the target's vector registers with FMA chains of
+    its width (AVX2 when te-autodiff is built for haswell) and runs on any
+    number of threads."""
+    import te_autodiff as te
+    from benchmarks.fma_peak import FmaLoop, fma_peak_gflops
+
+    assert fma_peak_gflops(False, 1, 0.01) > 0 and fma_peak_gflops(True, 2, 0.01) > 0
+    host = te.target("host")
+    targets = [host] + ([te.target("haswell")] if host.x86 and host.vector_bytes == 64 else [])
+    for t in targets:
+        for double in (False, True):
+            loop = FmaLoop(t, double)
+            assert loop.lanes == t.vector_bytes // (8 if double else 4)
+            assert loop.accumulators == t.vector_registers - 2
+            assert loop.flops_per_iteration == 2 * loop.lanes * loop.accumulators * 4
+            assert loop.run(10) > 0
+            if t.x86:
+                register = {64: "%zmm", 32: "%ymm"}[t.vector_bytes]
+                fmas = [line for line in loop.asm.splitlines() if "vfmadd" in line]
+                assert len(fmas) >= loop.accumulators and all(register in line for line in fmas)
+                assert "(%rsp)" not in loop.asm                 # no accumulator spilled
+
+
+def test_sweep_cases_and_cache_levels():
+    """Case names expand and validate; a working set is placed in the
+    innermost cache that holds it; a rate above its limit says why."""
+    import pytest
+
+    from benchmarks.roofline import cache_level, percent
+    from benchmarks.sizes import FAMILIES, cases, kernel_for
+
+    assert cases("matmul") == [f"matmul:{n}" for (n,) in FAMILIES["matmul"].sizes]
+    assert cases("attention:128,matmul:64,attention:128") == ["attention:128", "matmul:64"]
+    assert kernel_for("conv2d:2x8x10").shapes["X"] == (2, 8, 10, 10)
+    for bad in ("nope", "matmul:big", "conv2d:8x32"):
+        with pytest.raises(ValueError):
+            cases(bad)
+    machine = [dict(level=1, bytes=32 << 10, sharing=1), dict(level=2, bytes=1 << 20, sharing=1),
+               dict(level=3, bytes=32 << 20, sharing=8)]
+    assert [cache_level(b, machine, 1) for b in (16 << 10, 40 << 10, 2 << 20, 64 << 20)] == \
+        ["L1", "L2", "L3", "memory"]
+    assert cache_level(60 << 10, machine, 2) == "L1" and cache_level(60 << 20, machine, 16) == "L3"
+    assert cache_level(1, [], 1) == "unknown"
+    assert percent(dict(frac=0.5, tag="copy"), "L2") == "50.0% copy"
+    assert percent(dict(frac=1.5, tag="copy"), "L2") == "150.0% copy (data in L2)"
+    assert percent(dict(frac=1.2, tag="copy"), "memory") == "120.0% copy (copy figure low)"
+    assert percent(dict(frac=1.1, tag="FMA peak"), "L1", wider_than_target=True).endswith("(wider vectors)")

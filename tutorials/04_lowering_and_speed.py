@@ -228,10 +228,11 @@ print("  (best of 30 calls; on a busy machine every timing is noisy)")
 # benchmarks/<isa>/RESULTS.md, one report per instruction set (avx2,
 # avx512; the AVX2 one, measured on an AVX-512 machine, keeps the peers to
 # AVX2 too and says which).  How to read it:
-#  * "Machine" states the CPU, the target te-autodiff compiled for, and the limits measured in the same run: numpy
-#    sgemm GFLOP/s (the roof for GEMM-like kernels) and copy GB/s (the roof
-#    for memory-bound ones), plus the load average -- a loaded machine makes
-#    every figure noisy;
+#  * "Machine" states the CPU, the target te-autodiff compiled for and the
+#    load average -- a loaded machine makes every figure noisy; "Peaks" the
+#    limits measured in the same run: the FMA peak GFLOP/s (the roof for
+#    GEMM-like kernels, from a generated loop of FMAs), the best BLAS GEMM
+#    (a peer's figure) and copy GB/s (the roof for memory-bound ones);
 #  * the main table gives the median ms per peer, the fastest peer, and
 #    "peer / te" (> 1: te-autodiff is faster), the compile time, whether the
 #    result matched the float64 reference ("ok"), and the rate as a fraction
