@@ -79,6 +79,7 @@ def sweep_chart(path: Path, run: dict, sweep: list) -> bool:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return False
     cases = list(dict.fromkeys(r["case"] for r in sweep))
@@ -91,12 +92,13 @@ def sweep_chart(path: Path, run: dict, sweep: list) -> bool:
         family_cases = [c for c in cases if parse_case(c)[0] == family]
         sizes = [footprint(kernel_for(c)) / 2 ** 20 for c in family_cases]
         for peer in (p for p in PEERS if p in run["peers"]):
-            points = [(x, by[c, peer]["median_ms"]) for x, c in zip(sizes, family_cases)
-                      if _ok(by.get((c, peer))) and by[c, peer]["correct"]]
+            points = sorted((x, by[c, peer]["median_ms"]) for x, c in zip(sizes, family_cases)
+                            if _ok(by.get((c, peer))) and by[c, peer]["correct"])
             if points:
                 ax.plot(*zip(*points), marker="o", label=LABELS[peer], color=COLORS.get(peer))
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(family, fontsize="medium")
         ax.set_xlabel("inputs + gradients (MB)", fontsize="small")
         ax.set_ylabel("ms", fontsize="small")
