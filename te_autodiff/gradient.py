@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from . import dtype as dt
 from .derivative import differentiable, load_adjoints, peel_guards, reduction_seed
-from .expr import Cmp, Const, Load, MatchSum, Reduce, ScanState, Select, Var, add, all_, cast, const, select
+from .expr import (Cmp, Const, Load, MatchSum, Reduce, ScanState, Select, Var, add, all_, cast, const,
+                   logic_not, select)
 from .graph import tensors_in_order
 from .lift import lifted
 from .tensor import Tensor, compute
@@ -101,7 +102,7 @@ def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
         # where they hold (a key read from data), and zero elimination and the
         # naive sum test them before the indices
         guard, _ = peel_guards(coef)
-        value = head_at(lt.axes) * peel_guards(substitute(coef, stored))[1]
+        value = _times_head(head_at(lt.axes), peel_guards(substitute(coef, stored))[1])
         conds = read_guards(load.indices) + ([guard] if guard is not None else [])
         if conds:
             value = select(all_(*conds), value, const(0, value.dtype))
@@ -206,7 +207,35 @@ class _Adjoints:
         src = self.head if t is self.output else self.of(t)
         if t is not self.output and _inlined_adjoint(src.body):
             return lambda i: cast(t.dtype, substitute(src.body, dict(zip(src.axes, i))))
-        return lambda i: cast(t.dtype, Load(src, tuple(i))) if src.dtype != t.dtype else src[tuple(i)]
+        read = (lambda i: cast(t.dtype, Load(src, tuple(i)))) if src.dtype != t.dtype else (lambda i: src[tuple(i)])
+        guard = _zero_guard(src.body) if t is not self.output else None
+        if guard is not None:           # the read where the adjoint is not a zero branch, else that 0
+            cond, taken = guard
+            return lambda i: select(substitute(cond, dict(zip(src.axes, i))) if taken else
+                                    logic_not(substitute(cond, dict(zip(src.axes, i)))),
+                                    read(i), const(0, t.dtype))
+        return read
+
+
+def _times_head(head, coef):
+    """``head · coef``, zero wherever ``head`` is a zero branch of a select:
+    the adjoint of an untaken branch stays 0 even where the local derivative
+    there is infinite or NaN (``sqrt`` at 0 behind a ``!= 0`` test), where
+    the plain product would give NaN."""
+    if isinstance(head, Select) and isinstance(head.b, Const) and head.b.value == 0:
+        return select(head.cond, head.a * coef, head.b)
+    if isinstance(head, Select) and isinstance(head.a, Const) and head.a.value == 0:
+        return select(head.cond, head.a, head.b * coef)
+    return head * coef
+
+
+def _zero_guard(body):
+    """``(cond, truth)`` when ``body`` is 0 wherever ``cond != truth`` (a select with a zero branch)."""
+    if isinstance(body, Select) and isinstance(body.b, Const) and body.b.value == 0:
+        return body.cond, True
+    if isinstance(body, Select) and isinstance(body.a, Const) and body.a.value == 0:
+        return body.cond, False
+    return None
 
 
 def _inlined_adjoint(body) -> bool:

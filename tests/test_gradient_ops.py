@@ -539,3 +539,20 @@ def test_dilated_read_with_a_single_output():
     expected = np.array([1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 3.0])
     assert_close(r.naive, [expected])
     assert_close(r.grads, [expected])
+
+
+def test_the_untaken_branch_of_a_select_adds_zero_even_where_its_derivative_is_infinite():
+    """y = select(|r|² != 0, sin(θ), r₀) with θ = sqrt(|r|²) a tensor of its
+    own (Rodrigues' rotation, GradBench's ba): at r = 0 the adjoint of θ is
+    the zero branch, and the gradient through sqrt' = ∞ there stays 0 (the
+    plain product 0·∞ would be NaN), as when sqrt is written inside the branch."""
+    r = te.placeholder((1, 3), "float64", "r")
+    sq = te.compute((1,), lambda i: r[i, 0] * r[i, 0] + r[i, 1] * r[i, 1] + r[i, 2] * r[i, 2], name="sq")
+    theta = te.compute((1,), lambda i: te.sqrt(sq[i]), name="theta")
+    y = te.compute((1,), lambda i: te.if_then_else(te.not_equal(sq[i], 0.0), te.sin(theta[i]), r[i, 0]), name="y")
+    dr, = te.gradient(y, [r])
+    kernel = te.build([r], [dr])
+    np.testing.assert_array_equal(kernel(np.zeros((1, 3))), [[1.0, 0.0, 0.0]])
+    x = np.array([[0.3, -0.4, 1.2]])
+    n = np.sqrt((x * x).sum())
+    np.testing.assert_allclose(kernel(x), np.cos(n) * x / n, rtol=4 * np.finfo(float).eps)
