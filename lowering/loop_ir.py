@@ -162,7 +162,7 @@ class For:
     transpose (serial, inside a vector loop: its reads strided across the
     lanes and contiguous along it are loaded a vector of iterations at a
     time as rows and transposed in registers, see
-    ``schedule/vector_axis.py``'s ``transposed_lanes``)."""
+    ``schedule/vector_width.py``'s ``transposed_lanes``)."""
 
     var: Var
     lo: Expr

@@ -6,7 +6,7 @@ import te_autodiff as te
 from lowering.codegen_llvm import row_groups
 from lowering.loop_ir import Block, BufLoad, Buffer, Simd, Store, walk
 from lowering.pipeline import lower_for
-from lowering.schedule.ir import idx
+from lowering.schedule.constructors import idx
 from te_autodiff.expr import add, const, mul, var
 
 Y = Buffer("Y", (64, 64), "float32", "output")

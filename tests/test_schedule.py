@@ -13,8 +13,9 @@ from lowering.loop_ir import For, If, Simd, expr_text, stmt_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
-from lowering.schedule.blocking import ALIGN_MIN_VECTORS, SPLIT_MIN_WORK, SPLIT_PARTS
-from lowering.schedule.residues import MAX_RESIDUES
+from lowering.schedule.aligned_grid import ALIGN_MIN_VECTORS
+from lowering.schedule.residue_classes import MAX_RESIDUES
+from lowering.schedule.split_reduction import SPLIT_MIN_WORK, SPLIT_PARTS
 
 
 
@@ -576,13 +577,14 @@ def test_a_transposed_write_streams_only_whole_cache_lines(rng, name, streams):
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
 def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(rng, target):
     """``T[i, j] = A[j, i]``: the vector loop along ``j`` reads ``A``
-    strided across its lanes and contiguously along ``i``, the loop of rule
-    8's blocks.  That loop runs inside the lanes as a loop of kind
-    ``transpose`` (rows loaded, a line of lanes, and transposed in
-    registers): every whole block has a constant extent, a partial last
-    block (``cols % 16`` rows) is a loop of its own, and with four blocks or
-    more, when a column sweep's lines (one per source row) exceed L1, two
-    neighbouring blocks are visited together in each column tile.
+    strided across its lanes and contiguously along ``i``, the loop of the
+    gather blocks (``gather_blocks.py``).  That loop runs inside the lanes
+    as a loop of kind ``transpose`` (rows loaded, a line of lanes, and
+    transposed in registers): every whole block has a constant extent, a
+    partial last block (``cols % 16`` rows) is a loop of its own, and with
+    four blocks or more, when a column sweep's lines (one per source row)
+    exceed L1, two neighbouring blocks are visited together in each column
+    tile.
     Exact against numpy for every shape, the rows starting on a cache line
     or 16 bytes past one (as numpy's large arrays do)."""
     from lowering.runtime import _aligned
@@ -947,7 +949,7 @@ def test_stages_of_one_template_split_by_residue_keep_their_own_names(rng):
         np.testing.assert_array_equal(got, want)
 
 
-# ------------------------------------------------------------------ rule 0b: interior split
+# ------------------------------------------------------- interior split (interior_split.py)
 
 
 def _interior_stages(kernel, name):
@@ -1050,11 +1052,11 @@ def test_interior_split_computes_the_stencil_gradient_of_any_shape(n, taps, rows
     np.testing.assert_allclose(kernel(a, h), want, rtol=1e-5, atol=1e-5)
 
 
-# ------------------------------------------------------------------ rule 1: reductions to one element
+# ---------------------------------- reductions to one element split (split_reduction.py)
 
 
 def _split_extents():
-    """Extents on both sides of rule 1's thresholds: too little work (though a
+    """Extents on both sides of the split's thresholds: too little work (though a
     multiple of every part count), just enough, enough but prime (no part
     count divides it)."""
     work, parts = SPLIT_MIN_WORK, SPLIT_PARTS
@@ -1069,7 +1071,7 @@ def _split_extents():
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_the_gradient_of_a_max_or_min_to_one_element_at_every_extent(rng, n, splits, shape, op):
     """max/min of a long vector into a tensor of one element (a loss, lse's
-    scalar): the reduction is split into parts exactly when rule 1 says so,
+    scalar): the reduction is split into parts exactly when the rule says so,
     and the gradient is one at the first extreme element (ties included)."""
     x = te.placeholder((n,), "float32", "x")
     k = te.reduce_axis(n, "k")

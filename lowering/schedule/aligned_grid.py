@@ -8,22 +8,24 @@ lines.  That costs little when the next vector comes next (the second line
 is still in L1), but much when loops over rows run inside the vector loop:
 the rows, often a power of two of bytes apart, share an L1 set and evict the
 second line before the next vector comes back for it, so every line is
-fetched twice.  The strided benchmark kernel's loss stage (``sum A[2j+1, i]
-H[i, j]``, H read along its rows in 16 lanes, 64 rows swept inside), on the
-AMD EPYC Zen 5, 64-byte vectors: 0.097 ms with H on a line, 0.217 ms 16 bytes
-past one.
+fetched twice.
 
 :func:`grid_shift` gives the run-time shift ``s`` (``align_gap`` in the loop
 IR) that puts a loop's vectors on the lines of the one input it reads
 contiguously; the rules then run whole vectors from ``lo + s`` and the
 leftover iterations before and after them on their own (masked or gathered:
-a vector's worth in all)."""
+a vector's worth in all).  A reduction in lanes on such a grid depends on
+where in a cache line the input starts: a copy of the input placed
+elsewhere may give results that differ in the last bits."""
 from __future__ import annotations
 
 from te_autodiff.expr import Var, add, mod
 
 from ..loop_ir import AlignGap, linear_form, stride
-from .ir import idx
+from .constructors import idx
+
+ALIGN_MIN_VECTORS = 8        # a grid shifted onto an input's lines leaves one vector (block) in this many to
+                             # gathers: shorter loops keep theirs
 
 
 def grid_shift(accesses, v: Var, lo: int, width: int, line: int):

@@ -1,27 +1,14 @@
-"""The schedule's figures: :class:`Blocking`, derived from the
-:class:`~lowering.target.Target`, and the fixed thresholds of the rules
-(the same on every CPU)."""
+"""The schedule's figures for one target: :class:`Blocking`, derived from the
+:class:`~lowering.target.Target` (never tuned to one CPU).  The fixed
+thresholds of the rules (the same on every CPU) live in the rules' modules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..target import Target
 
-UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
-MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop (rule 9)
-GEMM_MIN_TRIPS = 8           # a reduction this long is worth register tiling (rule 6)
 TILE_VECTORS = 2             # NR: vectors of a register tile (one row of a tile is two vectors)
 MAX_TILE_ROWS = 8            # MR at most: more rows add remainder code more than they save loads
-PACK_MIN_REUSE = 4           # pack an operand only if it is re-read at least this often (rules 5, 6a)
-SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
-SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element (rule 1, a fixed number)
-SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split (rule 1)
-PACK_MAX_BYTES = 1 << 23      # larger operands are not copied: dot-product tiles instead (rule 5)
-GATHER_BLOCK = 16            # rows visited per column tile when the vector loop gathers (rule 8)
-TRANSPOSE_BLOCKS = 2         # gather blocks a transposing copy visits together per column tile (rule 8)
-ALIGN_MIN_VECTORS = 8        # a grid shifted onto an input's lines leaves one vector (block) in this many to
-                             # gathers: shorter loops keep theirs (aligned_grid.py)
-UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fully when shorter; rule 6)
 CHAIN_REGISTERS = 4          # vector registers one chain of a fast_math function keeps live (chained_lanes)
 
 
@@ -51,7 +38,7 @@ class Blocking:
     * ``row_block_bytes``: half of L2 (a power of two), the row operand's
       share while the column panels pass;
     * ``math_chains``: the vectors a body applying exp, tanh... runs side
-      by side (:func:`~lowering.schedule.vector_axis.chained_lanes`): as many
+      by side (:func:`~lowering.schedule.vector_width.chained_lanes`): as many
       chains as the register file holds at ``CHAIN_REGISTERS`` live vectors
       each (the value, the polynomial's sum, the reduced argument and its
       scale): 8 with 32 registers, 4 with 16; 1 for the stages of a scan's

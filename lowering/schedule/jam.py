@@ -1,9 +1,9 @@
 """Unroll and jam: an element body repeated over the positions of a tile
-(register tiles, rule 6; dot-product tiles), sharing its loops and tests."""
+(register tiles, dot-product tiles), sharing its loops and tests."""
 from __future__ import annotations
 
 from ..loop_ir import Alloc, Assign, Block, For, If, Local, free_leaves, rename, stmt_exprs, walk
-from .ir import flat
+from .constructors import flat
 
 
 def _local_deps(body, jammed: set) -> dict:

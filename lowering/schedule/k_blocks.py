@@ -1,26 +1,24 @@
-"""Rule 7, K blocks and row blocks: a long GEMM reduction is cut into equal
-blocks, each resuming from the partial sums the one before left, so a
-block x tile-width slice of the packed operand stays in L1 while the row
-tiles pass; with a large row operand the row tiles are visited in blocks
-that stay in L2 while the column panels pass."""
+"""K blocks: a GEMM reduction longer than ``Blocking.k_block_min`` is cut into
+equal blocks of at most ``Blocking.k_block`` steps, each resuming from the
+partial sums the block before left, and the loops are ordered column
+tiles, K blocks, row tiles: a block x tile-width slice of the packed operand
+stays in L1 while the row tiles pass.  Each element still adds its terms in
+the same order, so the result is bit-identical."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import prod
-
-import numpy as np
+from dataclasses import dataclass, replace
 
 from te_autodiff.expr import Const, Var, add, compare, minimum, mul, sub, var
 
-from ..loop_ir import Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Store, stride, substitute, walk
+from ..loop_ir import Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Stage, Store, stride, substitute, walk
 from .blocking import Blocking
-from .ir import idx, linear, temporary
-from .nest import Nest, trips
+from .constructors import Temporaries, idx, linear
+from .nest import Nest
 
 
 @dataclass(frozen=True)
 class KBlocks:
-    """Rule 7's plan for a reduction of ``steps`` iterations into ``acc``:
+    """The plan for a reduction of ``steps`` iterations into ``acc``:
     ``count`` blocks of ``size``, numbered by ``var``; ``in_place``: the
     partial sums stay in the output (contiguous along ``j``, same dtype),
     else in a temporary read by a separate epilogue."""
@@ -33,7 +31,7 @@ class KBlocks:
     var: Var
 
 
-def k_blocks(body: Block, out: Buffer, j: Var, bl: Blocking):
+def _k_blocks(body: Block, out: Buffer, j: Var, bl: Blocking):
     """The :class:`KBlocks` of a GEMM-like element body ``acc = init; for k:
     acc = acc + ...; out[idx] = f(acc)`` whose loop is longer than
     ``bl.k_block_min``: equal blocks of at most ``bl.k_block`` iterations
@@ -61,21 +59,21 @@ def k_blocks(body: Block, out: Buffer, j: Var, bl: Blocking):
     return KBlocks(acc, n, count, -(-n // count), in_place, var("k.b"))
 
 
-def partial_sums(nest: Nest, j: Var, name: str, dtype, taken: set, new_buffers: list):
+def _partial_sums(nest: Nest, j: Var, name: str, dtype, temps: Temporaries):
     """``(buffer, index)``: a temporary for the partial sums of K blocks, the
     output's shape with ``j`` last, and the element's index into it."""
     order = [v for v in nest.vars if v is not j] + [j]
     shape = tuple(nest.extent(v) for v in order)
-    return temporary(f"{name}.sums", shape, dtype, taken, new_buffers), linear(order, shape)
+    return temps.new(f"{name}.sums", shape, dtype), linear(order, shape)
 
 
-def k_blocked(body: Block, plan: KBlocks, out: Buffer, sums=None):
-    """Build rule 7 on ``body``: block ``plan.var`` runs its share of the
+def _k_blocked(body: Block, plan: KBlocks, out: Buffer, sums=None):
+    """``body`` in K blocks: block ``plan.var`` runs its share of the
     reduction, resuming from the partial sum left by the block before (the
     epilogue runs after the last block).  Each element still adds its terms
     in the same order, so the result is bit-identical.  In place the partial
     sums go back into the output as whole vectors; otherwise every block
-    stores them into ``sums`` (``(buffer, index)``, :func:`partial_sums`)
+    stores them into ``sums`` (``(buffer, index)``, :func:`_partial_sums`)
     and a separate epilogue ``out[idx] = f(sum)`` reads them (one
     transposing pass instead of a scatter per tile).  Returns ``(body,
     epilogue)`` with ``epilogue`` None or ``(buffer, store)``."""
@@ -96,16 +94,26 @@ def k_blocked(body: Block, plan: KBlocks, out: Buffer, sums=None):
     )), epilogue
 
 
-def row_blocks(accesses, i: Var, j: Var, i_extent: int, bl: Blocking) -> int:
-    """Blocks of row tiles for a GEMM with several column tiles whose row
-    operand (the loads that move with ``i``, not with ``j``) is larger than
-    ``bl.row_block_bytes``: a power of two, so that the blocks of rows (the
-    parallel root) split evenly, each block small enough to stay in L2 while
-    the column panels pass."""
-    size = max((i_extent * prod(trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
-                for a in accesses if a.loops and not a.store and stride(a.index, j) == 0
-                and stride(a.index, i) != 0), default=0)
-    blocks = 1
-    while size > blocks * bl.row_block_bytes:
-        blocks *= 2
-    return blocks
+def decide(plan, bl: Blocking):
+    """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with the
+    :class:`KBlocks` of its register tile's reduction; unchanged without a
+    register tile."""
+    if plan.i is None:
+        return plan
+    return replace(plan, k_blocks=_k_blocks(plan.body, plan.out, plan.j, bl))
+
+
+def build(plan, nest: Nest, stage: Stage, body: Block, temps: Temporaries):
+    """``(body, into, epilogue)``: the element ``body`` of ``plan`` in K blocks,
+    ``(name, buffer)`` of the stage its tile loops make, and the stages
+    still to schedule after it: the epilogue that reads partial sums kept in
+    a temporary (``[]`` when they stay in the output, or without K blocks)."""
+    kb = plan.k_blocks
+    if kb is None:
+        return body, (stage.name, stage.buffer), []
+    sums = None if kb.in_place else _partial_sums(nest, plan.j, stage.name, kb.acc.dtype, temps)
+    body, epilogue = _k_blocked(body, kb, stage.buffer, sums)
+    if epilogue is None:
+        return body, (stage.name, stage.buffer), []
+    sums, store = epilogue
+    return body, (sums.name, sums), [Stage(stage.name, stage.buffer, nest.around(Block((store,))))]

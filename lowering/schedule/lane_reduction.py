@@ -1,23 +1,33 @@
 """Reductions in vector lanes: each lane combines its own share of a
-reduction, the lanes are combined at the end (rule 3's choice for a stage
-storing one element or a row reduction, rule 1's parts), and dot-product
-tiles (rule 5's alternative to copying a large operand)."""
+reduction in order, the lanes are combined pairwise at the end
+(:func:`reduce_in_lanes`: a fixed reassociation that depends on the shapes,
+the same for every run and thread count).  The build of the vector axis
+rule when each element's reduction wins the lanes (:func:`build`: a row
+reduction such as a softmax denominator, a stage storing one element; a
+reduction shorter than a vector takes half a vector or more); the split
+reduction's parts (``split_reduction.py``) and dot-product tiles
+(``dot_tiles.py``) run theirs so too.
+
+With loops over rows inside the lanes' loop, its vectors start where the
+lines of the input read along it start, found at run time
+(``aligned_grid.py``); gathers that read contiguously along the innermost
+of those loops are read as rows and transposed in registers
+(:func:`~lowering.schedule.vector_width.transposed_lanes`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import count
 
 from te_autodiff.expr import Const, Var, add, compare, floordiv, mul, sub, var
 
 from ..loop_ir import Alloc, Assign, Block, For, If, LaneReduce, Local, Simd, Stage, rename, stride, walk
-from .aligned_grid import grid_shift
-from .blocking import ALIGN_MIN_VECTORS, SUM_RUN, Blocking, pow2_floor
-from .ir import as_block, idx
-from .jam import jam
+from .aligned_grid import ALIGN_MIN_VECTORS, grid_shift
+from .blocking import Blocking, pow2_floor
+from .constructors import as_block, idx
 from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
-from .parallel_root import loop_chain, with_root
-from .tile_loops import tiled
-from .vector_axis import chained_lanes, lanes_for, transposed_lanes, uncrowded_lanes, vector_cost
+from .vector_axis import vector_cost
+from .vector_width import chained_lanes, lanes_for, transposed_lanes, uncrowded_lanes
+
+SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
 
 
 @dataclass(frozen=True)
@@ -173,40 +183,8 @@ def reduce_in_lanes(body: Block, bl: Blocking, min_trips: int = 0):
     return Block(tuple(body.stmts[:p.k]) + tuple(out) + tuple(body.stmts[p.k + 1:]))
 
 
-def in_lanes(nest: Nest, stage: Stage, bl: Blocking) -> list:
-    """``stage`` with each element's reduction in vector lanes
+def build(nest: Nest, stage: Stage, bl: Blocking) -> list:
+    """``[stage]`` with each element's reduction in vector lanes
     (:func:`reduce_in_lanes`); unchanged when no reduction qualifies."""
     body = reduce_in_lanes(nest.body, bl)
     return [stage] if body is None else [Stage(stage.name, stage.buffer, nest.around(body))]
-
-
-def dot_tiles(nest: Nest, j: Var, bl: Blocking):
-    """Register tiles for ``C[i, j] = sum_k A[i, k] B[j, k]`` without copying
-    ``B``: a tile of ``bl.dot_tile x bl.dot_tile`` elements shares one reduction loop
-    (unroll and jam, as scalars), and that loop runs in vector lanes along
-    ``k``, where both operands are contiguous (:func:`reduce_in_lanes`);
-    each element's lanes are added pairwise at the end.  Returns the stage
-    body or None when the nest does not have that shape."""
-    k = nest.vars.index(j)
-    if k == 0 or any(isinstance(x, If) for x in walk(nest.body)):
-        return None
-    i = nest.vars[k - 1]
-    i_extent, j_extent = nest.extents[k - 1], nest.extents[k]
-    tags, failed = count(), []
-
-    def tile(ib, n_rows, jb, n_cols):
-        jammed = jam(nest.body, [{i: add(ib, idx(r)), j: add(jb, idx(c))}
-                                 for r in range(n_rows) for c in range(n_cols)], tags)
-        out = reduce_in_lanes(jammed, bl, min_trips=2 * bl.lanes(4))
-        if out is None:
-            failed.append(True)
-            return jammed
-        return out
-
-    inner = tiled(j_extent, bl.dot_tile, var(f"{j.name}.o"), lambda jb, nc, _: Block((
-        tiled(i_extent, bl.dot_tile, var(f"{i.name}.o"), lambda ib, nr_, _: tile(ib, nr_, jb, nc)),)))
-    if failed:
-        return None
-    outer = [lp for lp in nest.loops if lp.var is not i and lp.var is not j]
-    chain = outer + loop_chain(inner)
-    return with_root(chain, chain[-1].body, bl.target.threads)

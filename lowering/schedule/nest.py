@@ -10,9 +10,9 @@ from te_autodiff.expr import BinOp, Cast, Const, add, maximum, minimum, mul
 
 from ..loop_ir import (Alloc, Assign, Block, Buffer, For, If, Stage, Store, free_leaves, loads_in, stmt_exprs,
                        walk)
-from .blocking import UNKNOWN_TRIPS
-from .ir import as_block
+from .constructors import as_block
 
+UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
 COMBINE = {"add": add, "mul": mul, "max": maximum, "min": minimum}
 
 

@@ -1,30 +1,31 @@
-"""Rules 5 and 6a, packing: loads copied by a new stage into a temporary
-laid out for the vector loop, either transposed (a gather along the vector
-axis, ``B[j, k]`` in ``A @ B.T``, read with unit stride) or as the panels
-of a register-tiled GEMM (one contiguous, aligned block per tile).  The
-plan is a list of :class:`Copy`; :func:`pack` builds it."""
+"""Packing: loads read from copies laid out for the vector loop.  Two rules
+decide the copies (:class:`Copy`): transposed copies
+(``transposed_copies.py``: a gather along the vector axis read with unit
+stride) and panels (``panels.py``: one contiguous, aligned block per tile of
+a register-tiled GEMM); :func:`build` makes one copy stage and temporary
+per load.  A copy stage is scheduled like any other stage
+(:func:`unrolled_partially` then marks its loops)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from math import prod
 
-import numpy as np
-
 from te_autodiff.expr import Const, Var, add, mul, var
 
 from ..loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, Simd, Stage, Store, linear_form,
                        loads_in, map_loads, map_stmt, simplify_index, stmt_exprs, stride, substitute, walk,
                        with_load)
-from .blocking import PACK_MIN_REUSE, Blocking
-from .ir import idx, linear, lt, temporary
+from .constructors import Temporaries, idx, linear, lt
 from .nest import Access, Nest
+
+PACK_MIN_REUSE = 4           # an operand is copied only if each element is re-read at least this often
 
 
 @dataclass(frozen=True)
 class Copy:
     """One load to read from a copy: ``access``, the ``(variable, first,
-    extent)`` of each copied dimension (:func:`_box`, the copied axis last)
+    extent)`` of each copied dimension (:func:`box`, the copied axis last)
     and, for panels, ``(size, tile)``: panels of ``size`` elements numbered
     by the tile variable ``tile``."""
 
@@ -33,7 +34,7 @@ class Copy:
     panel: tuple | None = None
 
 
-def _box(a: Access, axis: Var, extent: int, nest: Nest):
+def box(a: Access, axis: Var, extent: int, nest: Nest):
     """The ``(variable, first, extent)`` of each dimension a copy of load ``a``
     needs: the reduction loops its index reads (constant bounds), then
     ``axis`` over ``0..extent``; None when the index reads anything else or
@@ -60,69 +61,7 @@ def _box(a: Access, axis: Var, extent: int, nest: Nest):
     return box if 0 <= lo and hi < a.buffer.size else None
 
 
-def transposed_copies(nest: Nest, j: Var, accesses) -> list:
-    """Rule 5: the loads worth copying into a transposed temporary ``P[r..., j]``:
-    gathers along ``j`` inside a reduction whose index reads only ``j`` and
-    reduction variables with constant bounds (``B[j, k]`` in ``A @ B.T``),
-    in bounds over the whole box, and re-read by the other output loops at
-    least ``PACK_MIN_REUSE`` times."""
-    j_extent = nest.extent(j)
-    if prod(nest.extents) // max(j_extent, 1) < PACK_MIN_REUSE:
-        return []
-    plan, seen = [], set()
-    for a in accesses:
-        if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
-            continue
-        box = _box(a, j, j_extent, nest)
-        if box is not None:
-            seen.add((a.buffer, a.index))
-            plan.append(Copy(a, box))
-    return plan
-
-
-def panel_copies(nest: Nest, accesses, i: Var, j: Var, gathers, mr: int, width: int, tiles,
-                 bl: Blocking) -> list:
-    """Rule 6a: the copies that give a register-tiled GEMM contiguous operands:
-    the operand read in vector lanes (moves with ``j``, not with ``i``) as
-    column panels ``P[j tile][r...][width]`` and a broadcast operand whose
-    tile rows are adjacent but whose reduction steps are not (``A[k, i]``)
-    as row panels ``P[i tile][r...][mr]``.  A tile's reduction then reads one
-    contiguous, aligned block per operand (no cache-set conflicts between
-    rows a large stride apart, no split loads from unaligned inputs), and
-    a column panel stays in L1 while the row tiles run.  Copied only when
-    the operand does not fit in L1 (``bl.panel_min_bytes``) and each element is
-    re-read ``PACK_MIN_REUSE`` times; a temporary already laid out as the
-    panel is read in place.  ``gathers`` (the transposed copies of
-    :func:`transposed_copies`) take the panel layout.  ``tiles`` are the tile
-    variables ``(j tile, i tile)`` the panel indices use."""
-    extents = dict(zip(nest.vars, nest.extents))
-    total = prod(nest.extents)
-    plan = [Copy(c.access, c.box, (width, tiles[0])) for c in gathers]
-    seen = {(c.access.buffer, c.access.index) for c in gathers}
-    for a in accesses:
-        if (a.buffer, a.index) in seen or a.store or not a.loops:
-            continue
-        sj, si = stride(a.index, j), stride(a.index, i)
-        if sj == 1 and si == 0 and total // extents[j] // mr >= PACK_MIN_REUSE:
-            axis, size, tile = j, width, tiles[0]
-        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 \
-                and total // extents[i] // width >= PACK_MIN_REUSE:
-            axis, size, tile = i, mr, tiles[1]
-        else:
-            continue
-        box = _box(a, axis, extents[axis], nest)
-        if box is None or prod(n for _, _, n in box) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes:
-            continue
-        in_place = substitute(_panel_index(box, size, tile), {tile: idx(0)})
-        if a.buffer.kind == "temp" and extents[axis] <= size and \
-                linear_form(in_place) == linear_form(a.index):
-            continue                        # already a panel
-        seen.add((a.buffer, a.index))
-        plan.append(Copy(a, box, (size, tile)))
-    return plan
-
-
-def _panel_index(box, size: int, tile: Var):
+def panel_index(box, size: int, tile: Var):
     """Index of element ``(r..., t)`` of a box in panels ``P[tile][r...][size]``
     with ``t = tile * size + (t mod size)``: ``t + r_lin * size + tile * (R - 1) * size``
     (affine, as the tile variable is a loop of the schedule)."""
@@ -139,10 +78,10 @@ def copied(copies) -> set:
     return {(c.access.buffer, c.access.index) for c in copies}
 
 
-def pack(body, copies, taken: set, new_stages, new_buffers):
-    """Build ``copies``: one copy stage (into ``new_stages``) and temporary
-    per load; returns the body with those loads reading the copies.  A
-    panel's last panel is padded with zeros."""
+def build(body, copies, temps: Temporaries, new_stages: list):
+    """``body`` with the loads of ``copies`` reading their copies: one copy
+    stage (into ``new_stages``) and temporary per load.  A panel's last
+    panel is padded with zeros."""
     replace = {}
     for c in copies:
         a, box = c.access, c.box
@@ -159,9 +98,9 @@ def pack(body, copies, taken: set, new_stages, new_buffers):
             axes = [var(f"p{d}") for d in range(len(shape))]
             at = {v: add(ax, idx(a0)) for (v, a0, _), ax in zip(red, axes[1:-1])}
             at[t] = add(mul(axes[0], idx(size)), axes[-1])
-            index = _panel_index(box, size, tile)
+            index = panel_index(box, size, tile)
             cond = None if t_extent % size == 0 else lt(at[t], t_extent)
-        packed = temporary(f"{a.buffer.name}.packed", shape, a.buffer.dtype, taken, new_buffers)
+        packed = temps.new(f"{a.buffer.name}.packed", shape, a.buffer.dtype)
         src = simplify_index(substitute(a.index, at))
         value = BufLoad(a.buffer, src) if cond is None else GuardedLoad(a.buffer, src, cond)
         stmt = Store(packed, linear(axes, shape), value)

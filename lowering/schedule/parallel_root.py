@@ -1,5 +1,5 @@
-"""Rule 9, the parallel root: the outermost loop of a stage is the one the
-runtime splits across threads, so it should have at least ``MIN_ROOT``
+"""Parallel root: the outermost loop of a stage is the one the runtime
+splits across threads, so it should have at least ``MIN_ROOT``
 iterations; an output tile loop with more is moved out when it has fewer.
 A root whose iterations do not share out evenly over the target's threads
 (3 over 2 keeps one thread idle a third of the time) is collapsed with the
@@ -15,15 +15,15 @@ from math import prod
 from te_autodiff.expr import Const, add, floordiv, mod, var
 
 from ..loop_ir import Block, For, rename, stmt_exprs, substitute
-from .blocking import MIN_ROOT
-from .ir import idx
+from .constructors import idx
 from .nest import assemble, depends, trips
 
+MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop
 BALANCED = 0.9               # a root whose equal chunks keep the threads at least this busy
 WEIGHED_ROOT = 4096          # root iterations weighed one by one at most (more: counted alike)
 
 
-def loop_chain(loop):
+def _loop_chain(loop):
     """A tile loop nest as a list of loops whose innermost carries the body."""
     out = [loop]
     while True:
@@ -34,7 +34,7 @@ def loop_chain(loop):
             return out
 
 
-def choose_root(chain, movable=None):
+def _choose_root(chain, movable: set):
     """Move a loop with at least MIN_ROOT iterations outermost when the
     outermost has fewer (loops over independent outputs, ``movable``, may be
     reordered freely).  Returns the loop order; the body stays the innermost's."""
@@ -42,7 +42,7 @@ def choose_root(chain, movable=None):
     if trips(first) >= MIN_ROOT:
         return chain
     for k, lp in enumerate(chain[1:], 1):
-        if (movable is None or lp.var in movable) and trips(lp) >= MIN_ROOT and \
+        if lp.var in movable and trips(lp) >= MIN_ROOT and \
                 not depends(stmt_exprs(lp), {x.var for x in chain[:k]}):
             return [lp] + chain[:k] + chain[k + 1:]
     return chain
@@ -76,15 +76,14 @@ def root_balance(chain, depth: int, threads: int) -> float:
     return balance(work, threads)
 
 
-def _collapsed(chain, body, movable, threads):
+def _collapsed(chain, body, movable: set, threads: int):
     """``(chain, body)`` with its two outermost loops made one when the
     outermost alone is unbalanced over ``threads`` and both have constant
     bounds independent of each other (the second reordered freely, ``movable``)."""
     if len(chain) < 2:
         return chain, body
     a, b = chain[0], chain[1]
-    if not all(isinstance(x, Const) for x in (a.lo, a.extent, b.lo, b.extent)) or \
-            (movable is not None and b.var not in movable):
+    if not all(isinstance(x, Const) for x in (a.lo, a.extent, b.lo, b.extent)) or b.var not in movable:
         return chain, body
     alone = root_balance(chain, 1, threads)
     if alone >= BALANCED or root_balance(chain, 2, threads) <= alone:
@@ -96,8 +95,14 @@ def _collapsed(chain, body, movable, threads):
     return [For(q, idx(0), idx(trips(a) * trips(b)), None)] + rest, rename(body, mapping)
 
 
-def with_root(chain, body, threads: int, movable=None):
-    """The loops ``chain`` around ``body``, reordered for a parallel root
-    (:func:`choose_root`) and collapsed when that root is unbalanced over ``threads``."""
-    chain, body = _collapsed(choose_root(chain, movable), body, movable, threads)
+def build(outer: list, loops, threads: int, pinned=()):
+    """The stage body: the output loops ``outer`` (outermost first) around the
+    tile ``loops`` (a loop nest, or a block that stays inside ``outer``),
+    reordered for a parallel root (:func:`_choose_root`; every loop may move
+    but those of ``pinned``) and collapsed when that root is unbalanced over
+    ``threads``."""
+    chain = list(outer) + (_loop_chain(loops) if isinstance(loops, For) else [])
+    body = chain[-1].body if isinstance(loops, For) else loops
+    movable = {lp.var for lp in chain} - set(pinned)
+    chain, body = _collapsed(_choose_root(chain, movable), body, movable, threads)
     return assemble(chain, body)

@@ -1,17 +1,31 @@
-"""Rule 6, register tiles: the output axis ``i`` tiled with the vector axis
-``j`` so that an ``MR x NR``-vector tile of accumulators shares one
-reduction loop (unroll and jam, :mod:`~lowering.schedule.jam`): each vector
-load serves ``MR`` rows and each broadcast ``NR`` vectors."""
+"""Register tiles (unroll and jam): when the element body runs a reduction
+whose bounds read neither the vector axis ``j`` nor a second output axis
+``i``, and the reduction reads an operand that does not move with ``j`` (a
+broadcast) and one that does not move with ``i``, a tile of ``MR`` values
+of ``i`` by ``NR`` vectors of ``j`` is computed together: the reduction loop
+is shared and its body repeated per tile element (``jam.py``), so the ``MR
+x NR`` accumulators stay in vector registers, each vector load serves
+``MR`` rows and each broadcast ``NR`` vectors.  A statement is repeated only
+over the tile positions it depends on; remainder rows and columns get their
+own, smaller tiles (``tile_loops.py`` builds them).  Among the candidates
+for ``i``, one whose tests can be peeled (``row_peeling.py``) is preferred,
+then one along which the broadcast loads move least: neighbouring rows
+share cache lines (the output columns of a convolution, not its batch).
+``MR`` and ``NR`` come from the register file (``blocking.py``)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 
-from te_autodiff.expr import Var
+from te_autodiff.expr import Var, var
 
 from ..loop_ir import Block, For, map_stmt, stmt_exprs, stride, walk
-from .blocking import GEMM_MIN_TRIPS, UNROLL_GUESS, Blocking
+from .blocking import TILE_VECTORS, Blocking
+from .interior import interior
 from .nest import Nest, accesses_of, depends, trips
-from .peeling import interior
+
+GEMM_MIN_TRIPS = 8           # a reduction this long is worth register tiling
+UNROLL_GUESS = 4             # times LLVM unrolls a short loop inside a tile (fully when shorter)
 
 
 def gemm_rows(nest: Nest, body, j: Var, accesses, inner: dict, bl: Blocking):
@@ -19,7 +33,7 @@ def gemm_rows(nest: Nest, body, j: Var, accesses, inner: dict, bl: Blocking):
     run a reduction whose bounds read neither, in which some load does not
     move with ``j`` (a broadcast) and some load does not move with it.
     Among the variables whose rows share the most vector loads, the first
-    whose tests can be peeled off (:func:`~lowering.schedule.peeling.peel`;
+    whose tests can be peeled off (:func:`~lowering.schedule.interior.interior`;
     a test on the row would be repeated for each row of a tile), then one
     with a full tile of rows, then the one along which the broadcast loads
     move least (adjacent rows read the same cache lines: the output columns
@@ -51,7 +65,7 @@ def roll_shared_broadcasts(body: Block, i: Var, j: Var, mr: int, nr: int, bl: Bl
     """``body`` with the reduction loops LLVM must not unroll marked ``rolled``.
 
     A tile step holds ``mr x nr`` accumulators, ``nr`` vectors and one
-    broadcast at a time (rows in order, :func:`~lowering.schedule.tile_loops`).
+    broadcast at a time (rows in order, :mod:`~lowering.schedule.tile_loops`).
     When a broadcast operand moves along a reduction loop by ``q`` rows
     (``X[x + kw]`` with rows ``x``: ``q = 1``), unrolling that loop ``t``
     times lets LLVM load each shared broadcast once and keep it: ``mr + (t -
@@ -72,3 +86,16 @@ def roll_shared_broadcasts(body: Block, i: Var, j: Var, mr: int, nr: int, bl: Bl
     if not rolled:
         return body
     return map_stmt(body, lambda e: e, kind=lambda lp: "rolled" if lp.var in rolled else lp.kind)
+
+
+def decide(plan, nest: Nest, bl: Blocking):
+    """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with a
+    register tile over the rows :func:`gemm_rows` finds, its reduction loops
+    that must stay rolled marked; unchanged when there is none."""
+    i = gemm_rows(nest, plan.body, plan.j, plan.accesses, plan.inner, bl)
+    if i is None:
+        return plan
+    i_extent = nest.extent(i)
+    mr, nr = min(bl.tile_rows, i_extent), min(TILE_VECTORS, -(-plan.j_extent // plan.lanes))
+    return replace(plan, body=roll_shared_broadcasts(plan.body, i, plan.j, mr, nr, bl), i=i, it=var(f"{i.name}.t"),
+                   i_extent=i_extent, mr=mr, nr=nr)

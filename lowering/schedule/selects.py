@@ -1,12 +1,16 @@
-"""Rule 4, tests to selects: an ``If`` whose condition differs between the
-lanes of the vector loop and whose branches assign one value to one local
-(a padding test) becomes a ``select`` of masked loads, straight-line code the
-vector loop runs without branches."""
+"""Tests to selects: once the vector axis ``j`` is known, an ``If`` whose
+condition differs between the lanes and whose branches assign one value to
+one local (a padding test) becomes a ``select`` whose reads are
+:class:`~lowering.loop_ir.GuardedLoad` (masked loads), unless the read is
+provably in bounds: straight-line code the vector loop runs without
+branches.  A test that is the same for all lanes stays a branch: it skips
+work.  The rule rewrites the element body statement by statement."""
 from __future__ import annotations
 
 from te_autodiff.expr import Const, Select, logic_and, logic_not, select
 
 from ..loop_ir import Assign, Block, For, GuardedLoad, If, free_leaves, linear_form, map_loads
+from .nest import Nest, loop_ranges
 
 
 def _in_bounds(index, size: int, ranges: dict) -> bool:
@@ -22,14 +26,14 @@ def _in_bounds(index, size: int, ranges: dict) -> bool:
     return 0 <= lo and hi < size
 
 
-def _guard(e, cond, ranges=None):
+def _guard(e, cond, ranges: dict):
     """``e`` with every load made a :class:`GuardedLoad` under ``cond`` (loads
     inside its index too), but for loads whose index provably stays in
     bounds (``ranges``)."""
     def guard(x):
         if isinstance(x, GuardedLoad):
             return GuardedLoad(x.buffer, _guard(x.index, cond, ranges), logic_and(x.cond, cond))
-        if ranges is not None and _in_bounds(x.index, x.buffer.size, ranges):
+        if _in_bounds(x.index, x.buffer.size, ranges):
             return None
         return GuardedLoad(x.buffer, _guard(x.index, cond, ranges), cond)
     return map_loads(e, guard)
@@ -40,7 +44,7 @@ def _single_assign(block):
     return stmts[0] if len(stmts) == 1 and isinstance(stmts[0], Assign) else None
 
 
-def if_to_select(s, lane_var, ranges=None):
+def _if_to_select(s, lane_var, ranges: dict):
     """Turn every ``If`` whose condition differs between the lanes of
     ``lane_var`` and whose branches each assign one value to the same local
     (a guarded read, the padding test of a convolution) into one assignment
@@ -50,13 +54,13 @@ def if_to_select(s, lane_var, ranges=None):
     Loads whose index provably stays in bounds (``ranges``: ``{variable:
     (first, last)}``) stay plain."""
     if isinstance(s, Block):
-        return Block(tuple(if_to_select(x, lane_var, ranges) for x in s.stmts))
+        return Block(tuple(_if_to_select(x, lane_var, ranges) for x in s.stmts))
     if isinstance(s, For):
-        return For(s.var, s.lo, s.extent, if_to_select(s.body, lane_var, ranges), s.kind)
+        return For(s.var, s.lo, s.extent, _if_to_select(s.body, lane_var, ranges), s.kind)
     if not isinstance(s, If):
         return s
-    then = if_to_select(s.then, lane_var, ranges)
-    other = None if s.else_ is None else if_to_select(s.else_, lane_var, ranges)
+    then = _if_to_select(s.then, lane_var, ranges)
+    other = None if s.else_ is None else _if_to_select(s.else_, lane_var, ranges)
     a, b = _single_assign(then), None if other is None else _single_assign(other)
     if lane_var in free_leaves(s.cond) and a is not None and (
             other is None or (b is not None and b.local is a.local)):
@@ -66,3 +70,9 @@ def if_to_select(s, lane_var, ranges=None):
             return Assign(a.local, yes)          # GuardedLoad is already zero where cond fails
         return Assign(a.local, Select(s.cond, yes, no) if yes.dtype == no.dtype else select(s.cond, yes, no))
     return If(s.cond, then, other)
+
+
+def build(nest: Nest, j) -> Nest:
+    """``nest`` with the tests of its element body that differ between the
+    lanes of ``j`` as selects (:func:`_if_to_select`, bounds from the loops)."""
+    return Nest(nest.loops, _if_to_select(nest.body, j, loop_ranges(nest)))

@@ -1,7 +1,10 @@
-"""Rule 1, split reductions to one element: a stage storing one value reduced
-over a large domain (a loss) would run on one thread, so its outermost
-reduction loop is cut into a fixed number of parts computed in parallel by a
-new stage and added in order by the stage itself."""
+"""Split reductions to one element: a stage storing one value reduced over a
+large domain (a loss) would run on one thread.  Its outermost reduction loop
+is cut into a fixed number of equal parts (one of ``SPLIT_PARTS``, never the
+thread count): a new stage computes the partial results in parallel (each
+in vector lanes, ``lane_reduction.py``) into a temporary, and the stage
+itself adds them in order.  Every run and thread count adds the same
+numbers in the same order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,14 +13,17 @@ from math import prod
 from te_autodiff.expr import Const, add, mul, var
 
 from ..loop_ir import Alloc, Assign, Block, BufLoad, For, Stage, Store, rename
-from .blocking import SPLIT_MIN_WORK, SPLIT_PARTS, Blocking
-from .ir import idx, temporary
+from .blocking import Blocking
+from .constructors import Temporaries, idx
 from .lane_reduction import reduce_in_lanes
 from .nest import COMBINE, Nest, accumulation, loop_nests, outer_writes
 
+SPLIT_PARTS = (16, 12, 8, 6, 4, 2)   # parts of a large reduction to one element (a fixed number)
+SPLIT_MIN_WORK = 1 << 16     # reductions to one element at least this long are split
+
 
 @dataclass(frozen=True)
-class _Split:
+class Split:
     """The reduction nest at statement ``k`` of the element body: its outer
     loop ``outer`` is cut into ``parts``; ``init`` declares the accumulator
     it combines into with ``op``."""
@@ -30,12 +36,12 @@ class _Split:
 
 
 def splits_reduction(extents) -> bool:
-    """Whether :func:`split_reduction` spreads a reduction to one element over ``extents`` across threads."""
+    """Whether the rule spreads a reduction to one element over ``extents`` across threads."""
     return prod(extents) >= SPLIT_MIN_WORK and any(extents[0] % p == 0 for p in SPLIT_PARTS)
 
 
-def _split_plan(nest: Nest):
-    """The :class:`_Split` of a stage storing one element whose first
+def decide(nest: Nest):
+    """The :class:`Split` of a stage storing one element whose first
     reduction loop nest is at least ``SPLIT_MIN_WORK`` long, its outer extent
     a multiple of one of ``SPLIT_PARTS``, and combines one accumulator
     declared with a constant; None otherwise."""
@@ -56,24 +62,16 @@ def _split_plan(nest: Nest):
         if not init or not isinstance(init[0].init, Const) or any(
                 isinstance(x, (Alloc, Assign)) and x.local is not acc for x in stmts[:k]):
             return None
-        return _Split(k, outer, parts, init[0], op)
+        return Split(k, outer, parts, init[0], op)
     return None
 
 
-def split_reduction(nest: Nest, stage: Stage, taken: set, new_buffers: list, bl: Blocking):
-    """A stage that reduces a large domain to one element (a loss) would run on
-    one thread.  Its outermost reduction loop is cut into ``P`` equal parts,
-    a fixed number that does not depend on the thread count: a first stage
-    computes the ``P`` partial results in parallel (each in vector lanes,
-    :func:`~lowering.schedule.lane_reduction.reduce_in_lanes`) into a
-    temporary, a second combines them in order.  Every run and thread count
-    adds the same numbers in the same order.  Returns the two stages or None."""
-    plan = _split_plan(nest)
-    if plan is None:
-        return None
+def build(nest: Nest, stage: Stage, plan: Split, temps: Temporaries, bl: Blocking) -> list:
+    """The two stages: the parts of ``plan.outer`` computed in parallel into a
+    temporary ``.parts``, then ``stage`` adding them in order."""
     outer, acc, stmts = plan.outer, plan.init.local, nest.body.stmts
     chunk = outer.extent.value // plan.parts
-    buf = temporary(f"{stage.name}.parts", (plan.parts,), acc.dtype, taken, new_buffers)
+    buf = temps.new(f"{stage.name}.parts", (plan.parts,), acc.dtype)
     p, r = var("p"), var(f"{outer.var.name}.c")
     # the parts run outside the stage's output loops, each of extent one: their variables are 0 there
     part_loop = rename(For(r, idx(0), idx(chunk), outer.body, outer.kind),

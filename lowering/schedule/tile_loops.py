@@ -1,20 +1,22 @@
-"""Builds a :class:`~lowering.schedule.tile_plan.TilePlan`: the copies, the
-K blocks, then the tile loops around vector loops of jammed element bodies,
-in the plan's order, under a parallel root (rule 9)."""
+"""The tile loops of a :class:`~lowering.schedule.tile_plan.TilePlan`: column
+tiles of ``NR`` vectors along ``j``, each vector loop running the element
+body jammed over the tile's rows and vectors (``jam.py``: full vectors
+together, a masked last vector), and with a register tile the row tiles of
+``MR`` rows of ``i``, in the order the plan says: row blocks
+(``row_blocks.py``), column tiles, K blocks (``k_blocks.py``), row tiles
+when the column tiles run first, else row tiles around column tiles; the
+row tiles in peeled segments (``row_peeling.py``).  A partial last tile gets
+its own code behind a test that is the same for every lane."""
 from __future__ import annotations
 
 from itertools import count
 
-from te_autodiff.expr import Var, add, compare, minimum, mod, mul, sub, var
+from te_autodiff.expr import Var, add, minimum, mul, sub, var
 
-from ..loop_ir import Block, For, If, Simd, Stage, rename
-from .blocking import GATHER_BLOCK
-from .ir import as_block, idx, lt
+from ..loop_ir import Block, For, If, Simd
+from . import row_peeling
+from .constructors import as_block, idx, lt
 from .jam import jam
-from .k_blocks import k_blocked, partial_sums
-from .nest import Nest
-from .packing import pack
-from .parallel_root import loop_chain, with_root
 from .tile_plan import TilePlan
 
 
@@ -49,7 +51,7 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_
     columns ``base .. base + n_cols`` of ``j`` (column tile number ``tile``),
     as full vectors jammed together and a masked last vector, each vector
     loop's body made ``inside(body)``."""
-    j, lane, jt, lanes = plan.j, plan.lane, plan.tiles[0], plan.lanes
+    j, lane, jt, lanes = plan.j, plan.lane, plan.jt, plan.lanes
     full, rest = divmod(n_cols, lanes)
     out = []
     if full:
@@ -64,7 +66,7 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_
     return Block(tuple(out))
 
 
-def _columns(plan: TilePlan, row_subs, src, tags, wrap=lambda b: b, inside=as_block) -> For:
+def columns(plan: TilePlan, row_subs, src, tags, wrap=lambda b: b, inside=as_block) -> For:
     """The column tiles of ``nr`` vectors along ``j`` for the rows ``row_subs``
     (each tile made ``wrap(tile)``, each vector loop's body ``inside(body)``)."""
     return tiled(plan.j_extent, plan.nr * plan.lanes, var(f"{plan.j.name}.o"),
@@ -72,7 +74,7 @@ def _columns(plan: TilePlan, row_subs, src, tags, wrap=lambda b: b, inside=as_bl
 
 
 def _row_subs(plan: TilePlan, base, n_rows: int, tile) -> list:
-    return [{plan.i: add(base, idx(r)), plan.tiles[1]: tile} for r in range(n_rows)]
+    return [{plan.i: add(base, idx(r)), plan.it: tile} for r in range(n_rows)]
 
 
 def _rows(plan: TilePlan, body, segments, tile_of, block=None):
@@ -107,82 +109,15 @@ def _columns_first(plan: TilePlan, body, segments, tags) -> For:
     return For(block[0], idx(0), idx(-(-tiles // plan.row_block)), Block((loop,)))
 
 
-def _gather_blocks(plan: TilePlan, body, tags) -> For:
-    """Rule 8: blocks of ``GATHER_BLOCK`` rows of ``b``, each visited inside
-    every column tile, ``plan.together`` neighbouring blocks one after the
-    other (``tile_plan.blocks_together``): around the vector loop, or inside
-    it as a loop of kind ``transpose`` (``plan.transpose``), where a partial
-    last block is a loop of its own so that every whole one has a constant
-    extent (transposed in registers; only the last gathers)."""
-    b, b_extent = plan.gather
-    blocks, (full, rest) = -(-b_extent // GATHER_BLOCK), divmod(b_extent, GATHER_BLOCK)
-    b_in, together = var(f"{b.name}.i"), plan.together
-    if together > 1:
-        outer, b_sub = var(f"{b.name}.g"), var(f"{b.name}.s")
-        block = add(mul(outer, idx(together)), b_sub)
-        subs = idx(together) if blocks % together == 0 else minimum(
-            idx(together), sub(idx(blocks), mul(outer, idx(together))))
-
-        def wrap(blk):
-            return Block((For(b_sub, idx(0), subs, blk),))
-    else:
-        outer = block = var(f"{b.name}.b")
-
-        def wrap(blk):
-            return blk
-    first = mul(block, idx(GATHER_BLOCK)) if plan.shift is None else add(plan.shift, mul(block, idx(GATHER_BLOCK)))
-    row = {b: add(first, b_in)}
-    if plan.transpose and plan.shift is not None:
-        def inside(blk):
-            # the last block wraps around: its rows from first to the end, then those before shift
-            wrapped = rename(blk, {b_in: sub(mod(add(first, b_in), idx(b_extent)), first)})
-            return Block((If(compare("le", first, idx(b_extent - GATHER_BLOCK)),
-                             Block((For(b_in, idx(0), idx(GATHER_BLOCK), blk, "transpose"),)),
-                             Block((For(b_in, idx(0), idx(GATHER_BLOCK), wrapped),))),))
-        tiles = _columns(plan, [row], body, tags, wrap, inside)
-    elif plan.transpose:
-        def inside(blk):
-            def rows(n):
-                return Block((For(b_in, idx(0), idx(n), blk, "transpose"),))
-            return rows(GATHER_BLOCK) if rest == 0 else Block((If(lt(block, full), rows(GATHER_BLOCK), rows(rest)),))
-        tiles = _columns(plan, [row], body, tags, wrap, inside)
-    else:
-        n_rows = idx(GATHER_BLOCK) if rest == 0 else minimum(
-            idx(GATHER_BLOCK), sub(idx(b_extent), mul(block, idx(GATHER_BLOCK))))
-        tiles = _columns(plan, [row], body, tags, lambda blk: wrap(Block((For(b_in, idx(0), n_rows, blk),))))
-    return For(outer, idx(0), idx(-(-blocks // together)), Block((tiles,)))
-
-
-def _tile_loops(plan: TilePlan, body):
-    """The tile loops of ``plan`` around the (packed, K-blocked) element body."""
+def build(plan: TilePlan, body):
+    """The tile loops of ``plan`` (without gather blocks) around the (packed,
+    K-blocked) element ``body``: column tiles of vector loops, or with a
+    register tile (row blocks,) column tiles, (K blocks,) row tiles, or row
+    tiles, column tiles; the row tiles in peeled segments."""
     tags = count()
-    if plan.gather is not None:
-        return _gather_blocks(plan, body, tags)
     if plan.i is None:
-        return _columns(plan, [{}], body, tags)
-    segments = None if plan.peel is None else plan.peel.segments(plan.i_extent, body)
+        return columns(plan, [{}], body, tags)
+    segments = None if plan.peel is None else row_peeling.build(plan.peel, plan.i_extent, body)
     if plan.columns_first:
         return _columns_first(plan, body, segments, tags)
-    return _rows(plan, body, segments, lambda rs, src: Block((_columns(plan, rs, src, tags),)))
-
-
-def build_tiles(plan: TilePlan, nest: Nest, stage: Stage, taken: set, new_stages: list, new_buffers: list,
-                threads: int):
-    """``(stages, tail)``: ``stage`` scheduled by ``plan`` (its copies join
-    ``new_stages``; the parallel root balanced over ``threads``), and the
-    K-block epilogue stage still to schedule (None without one)."""
-    body = pack(plan.body, plan.copies, taken, new_stages, new_buffers)
-    epilogue, kb = None, plan.k_blocks
-    if kb is not None:
-        sums = None if kb.in_place else partial_sums(nest, plan.j, stage.name, kb.acc.dtype, taken, new_buffers)
-        body, epilogue = k_blocked(body, kb, stage.buffer, sums)
-    loops = _tile_loops(plan, body)
-    rows = plan.gather[0] if plan.gather is not None else plan.i
-    chain = [lp for lp in nest.loops if lp.var is not rows and lp.var is not plan.j]
-    chain += loop_chain(loops) if isinstance(loops, For) else []
-    movable = {lp.var for lp in chain} - ({kb.var} if kb is not None else set())
-    nest_ir = with_root(chain, chain[-1].body if isinstance(loops, For) else loops, threads, movable)
-    if epilogue is None:
-        return [Stage(stage.name, stage.buffer, nest_ir)], None
-    sums, store = epilogue
-    return [Stage(sums.name, sums, nest_ir)], Stage(stage.name, stage.buffer, nest.around(Block((store,))))
+    return _rows(plan, body, segments, lambda rs, src: Block((columns(plan, rs, src, tags),)))

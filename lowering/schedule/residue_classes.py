@@ -1,28 +1,23 @@
-"""Rule 0, residue classes: a test ``(a v + c) % m == 0`` on an output loop
-``v`` holds or fails on whole residue classes of ``v`` modulo ``m``.  Zero
-elimination leaves such tests on the gradient of a strided read: for
-``B[i, j] = A[2j + 1, i]``, ``dA[r, c] = H[c, (r - 1) // 2]`` where ``r`` is
-odd and 0 elsewhere.  Run as it is, every row tests its parity, and the
+"""Residue classes: a test ``(a v + c) % m == 0`` on an output loop ``v``
+(not the innermost) holds or fails on whole residue classes of ``v`` modulo
+``m``.  Zero elimination leaves such tests on the gradient of a strided read:
+for ``B[i, j] = A[2j + 1, i]``, ``dA[r, c] = H[c, (r - 1) // 2]`` where ``r``
+is odd and 0 elsewhere.  Run as it is, every row tests its parity, and the
 vector loop gathers under that test.
 
 The stage becomes one stage per class ``v = m w + rho`` (``rho`` in
-``0..m``), each with the test folded away: in the classes where it fails
-the stage stores the else branch (a zero fill of the even rows), in the
-others every ``(...) // m`` and ``(...) % m`` of an index is exact, so the
-reads are affine (``H[c, w]``: a transposing copy the later rules
-vectorise like any other).  Each class keeps the order of operations of
-its elements, so the values are the same bits.
+``0..m``), each with the test folded away and scheduled from the first rule:
+in the classes where it fails the stage stores the else branch (a zero fill
+of the even rows), in the others every ``(...) // m`` and ``(...) % m`` of an
+index is exact, so the reads are affine (``H[c, w]``: a transposing copy the
+later rules vectorise like any other).  Each class keeps the order of
+operations of its elements, so the values are the same bits.
 
 The rule applies when the test's other terms are multiples of ``m`` (only
 ``v`` decides it), ``m`` is at most ``MAX_RESIDUES`` (each class is a stage
 the runtime starts) and ``v`` is not the innermost output loop: the rows of
 each class then stay contiguous (splitting the innermost loop would make
 every store strided).
-
-The strided benchmark kernel's ``dA`` (2048 x 1024) on the AMD EPYC Zen 4,
-both schedules built in one process: 0.35 -> 0.30 ms built for AVX2
-(``haswell``); the whole kernel 0.66 -> 0.60 ms built for AVX2 and
-0.59 -> 0.54 ms for AVX-512.
 """
 from __future__ import annotations
 
@@ -33,7 +28,7 @@ from te_autodiff.visit import topo_order
 
 from ..loop_ir import (Block, For, If, Stage, children, from_linear, linear_form, map_stmt, stmt_exprs,
                        substituter, walk)
-from .ir import flat, idx
+from .constructors import flat, idx
 from .nest import Nest
 
 MAX_RESIDUES = 8
@@ -75,14 +70,14 @@ def _tests(body):
         yield from (x.cond for x in topo_order(stmt_exprs(s), children) if isinstance(x, Select))
 
 
-def residue_plan(nest: Nest):
-    """The first test of the element body (an ``If`` or a ``select``) that an
-    output loop other than the innermost decides by its residue, with at
-    least ``m`` iterations; None when there is none."""
+def decide(nest: Nest):
+    """The :class:`Residues` of the first test of the element body (an ``If``
+    or a ``select``) that an output loop other than the innermost decides by
+    its residue, with at least ``m`` iterations; None when there is none."""
     for cond in _tests(nest.body):
-        plan = _decided_by(cond, nest.loops[:-1])
-        if plan is not None and plan.loop.extent.value >= plan.m:
-            return plan
+        found = _decided_by(cond, nest.loops[:-1])
+        if found is not None and found.loop.extent.value >= found.m:
+            return found
     return None
 
 
@@ -115,7 +110,7 @@ def _fold_ifs(s):
     return s
 
 
-def split_residues(nest: Nest, stage: Stage, plan: Residues) -> list:
+def build(nest: Nest, stage: Stage, plan: Residues) -> list:
     """One stage per residue class of ``plan.loop``: ``v = m w + rho``, the
     stage's name followed by ``%m=rho``."""
     v, m, extent = plan.loop.var, plan.m, plan.loop.extent.value

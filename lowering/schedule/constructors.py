@@ -1,7 +1,8 @@
 """Small loop-IR constructors the rules share: index constants, tests,
-blocks, row-major indices and fresh temporaries."""
+blocks, row-major indices and the temporaries a schedule adds."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import reduce
 
 from te_autodiff import dtype as dt
@@ -46,13 +47,20 @@ def linear(indices, shape):
     return out
 
 
-def temporary(base: str, shape, dtype, taken: set, new_buffers: list) -> Buffer:
-    """A new temporary named ``base`` (or ``base1``, ``base2``... when taken),
-    added to ``taken`` and ``new_buffers``."""
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}{k}", k + 1
-    taken.add(name)
-    buf = Buffer(name, shape, dtype, "temp")
-    new_buffers.append(buf)
-    return buf
+@dataclass
+class Temporaries:
+    """The buffer names in use (``taken``) and the temporaries the schedule has
+    added so far (``made``, in the order made: the program lists them so)."""
+
+    taken: set
+    made: list
+
+    def new(self, base: str, shape, dtype) -> Buffer:
+        """A new temporary named ``base`` (or ``base1``, ``base2``... when taken)."""
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}{k}", k + 1
+        self.taken.add(name)
+        buf = Buffer(name, shape, dtype, "temp")
+        self.made.append(buf)
+        return buf

@@ -1,0 +1,91 @@
+"""Offset loops: a reduction loop ``for x in max(L, e)..min(U, e + D - 1) + 1``
+whose bounds read output variables (zero elimination leaves such bounds on
+the gradients of convolutions) becomes ``for d in 0..D: x = e + d; if L <= x
+<= U: ...``: the bounds no longer depend on the output position, so the
+loop can be vectorised and jammed across outputs, and the test becomes a
+guard (``selects.py``).  The rule rewrites the element body loop by loop,
+inner loops first, deciding at each (:func:`decide`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from te_autodiff.expr import BinOp, Const, add, compare, sub, var
+
+from ..loop_ir import Block, For, If, linear_form, rename, simplify_index
+from .constructors import as_block, conjunction, idx
+from .nest import Nest, depends
+
+
+@dataclass(frozen=True)
+class Offsets:
+    """The loop runs ``x = first + d`` for ``d`` in ``0..span``, where ``x >=
+    lows`` and ``x < highs`` (constants)."""
+
+    first: object
+    span: int
+    lows: tuple
+    highs: tuple
+
+
+def _bound_terms(e, op):
+    """``e`` as the ``op`` (max or min) of its operands: (constants, others)."""
+    stack, consts, others = [e], [], []
+    while stack:
+        x = stack.pop()
+        if isinstance(x, BinOp) and x.op == op:
+            stack += [x.a, x.b]
+        elif isinstance(x, Const):
+            consts.append(x.value)
+        else:
+            others.append(x)
+    return consts, others
+
+
+def decide(loop: For, outer: set):
+    """The :class:`Offsets` of ``loop`` when its bounds read the output
+    variables ``outer`` and have the form above with a constant span; None
+    otherwise."""
+    if not depends((loop.lo, loop.extent), outer):
+        return None
+    lows, lo_rest = _bound_terms(loop.lo, "max")
+    hi_form = linear_form(add(loop.lo, loop.extent))
+    if len(lo_rest) != 1 or hi_form is None or len(hi_form[0]) != 1:
+        return None
+    (hi_atom, k), = hi_form[0].items()
+    highs, hi_rest = _bound_terms(hi_atom, "min")
+    if k != 1 or len(hi_rest) != 1:
+        return None
+    first, last = lo_rest[0], add(hi_rest[0], idx(hi_form[1]))       # x in [first, last)
+    span = linear_form(sub(last, first))
+    if span is None or span[0] or span[1] <= 0 or linear_form(first) is None:
+        return None
+    return Offsets(first, span[1], tuple(lows), tuple(v + hi_form[1] for v in highs))
+
+
+def _offset_loop(loop: For, body, plan: Offsets) -> For:
+    """``loop`` (its ``body`` rewritten already) over the offsets of ``plan``."""
+    d = var(f"{loop.var.name}.d")
+    x = simplify_index(add(plan.first, d))
+    conds = [compare("ge", x, idx(v)) for v in plan.lows] + [compare("lt", x, idx(v)) for v in plan.highs]
+    body = rename(body, {loop.var: x})
+    if conds:
+        body = Block((If(conjunction(conds), as_block(body)),))
+    return For(d, idx(0), idx(plan.span), body, loop.kind)
+
+
+def _rewrite(s, outer: set):
+    if isinstance(s, Block):
+        return Block(tuple(_rewrite(x, outer) for x in s.stmts))
+    if isinstance(s, If):
+        return If(s.cond, _rewrite(s.then, outer), None if s.else_ is None else _rewrite(s.else_, outer))
+    if not isinstance(s, For):
+        return s
+    body = _rewrite(s.body, outer)
+    plan = decide(s, outer)
+    return For(s.var, s.lo, s.extent, body, s.kind) if plan is None else _offset_loop(s, body, plan)
+
+
+def build(nest: Nest) -> Nest:
+    """``nest`` with every loop of its element body that :func:`decide` takes
+    over offsets."""
+    return Nest(nest.loops, _rewrite(nest.body, set(nest.vars)))

@@ -1,0 +1,66 @@
+"""Panels: the operands of a register-tiled GEMM copied by new stages into
+blocks laid out as the tiles read them.  The operand read in vector lanes
+(moves with ``j``, not with ``i``) becomes column panels ``P[j tile][r...][NR
+vectors]`` and a broadcast operand whose tile rows are adjacent but whose
+reduction steps are not (``A[k, i]``) row panels ``P[i tile][r...][MR]``,
+when it is larger than L1 (``Blocking.panel_min_bytes``) and each element is
+re-read ``PACK_MIN_REUSE`` times.  A tile's reduction then reads one
+contiguous, aligned block per operand: no cache-set conflicts between rows
+a power of two apart, no split loads from unaligned inputs.  Transposed
+copies (``transposed_copies.py``) take the panel layout.  With column
+panels the loops are ordered column tiles, then row tiles
+(:attr:`~lowering.schedule.tile_plan.TilePlan.columns_first`), so a column
+panel stays in cache while the rows pass.  ``packing.py`` builds them."""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+import numpy as np
+
+from ..loop_ir import linear_form, stride, substitute
+from .blocking import Blocking
+from .constructors import idx
+from .nest import Nest
+from .packing import PACK_MIN_REUSE, Copy, box, panel_index
+
+
+def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
+    """The copies of ``plan``'s register tile: its transposed copies in the
+    panel layout, then each operand that qualifies (a temporary already laid
+    out as the panel is read in place).  Panel indices use the tile
+    variables ``plan.jt`` and ``plan.it``."""
+    i, j, mr, width = plan.i, plan.j, plan.mr, plan.nr * plan.lanes
+    extents = dict(zip(nest.vars, nest.extents))
+    total = prod(nest.extents)
+    copies = [Copy(c.access, c.box, (width, plan.jt)) for c in plan.copies]
+    seen = {(c.access.buffer, c.access.index) for c in plan.copies}
+    for a in plan.accesses:
+        if (a.buffer, a.index) in seen or a.store or not a.loops:
+            continue
+        sj, si = stride(a.index, j), stride(a.index, i)
+        if sj == 1 and si == 0 and total // extents[j] // mr >= PACK_MIN_REUSE:
+            axis, size, tile = j, width, plan.jt
+        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 \
+                and total // extents[i] // width >= PACK_MIN_REUSE:
+            axis, size, tile = i, mr, plan.it
+        else:
+            continue
+        found = box(a, axis, extents[axis], nest)
+        if found is None or prod(n for _, _, n in found) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes:
+            continue
+        in_place = substitute(panel_index(found, size, tile), {tile: idx(0)})
+        if a.buffer.kind == "temp" and extents[axis] <= size and \
+                linear_form(in_place) == linear_form(a.index):
+            continue                        # already a panel
+        seen.add((a.buffer, a.index))
+        copies.append(Copy(a, found, (size, tile)))
+    return copies
+
+
+def decide(plan, nest: Nest, bl: Blocking):
+    """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with the
+    panels of its register tile among its copies; unchanged without one."""
+    if plan.i is None:
+        return plan
+    return replace(plan, copies=tuple(_panel_copies(nest, plan, bl)))

@@ -1,0 +1,44 @@
+"""Row blocks: a register-tiled GEMM whose column tiles run outside its row
+tiles (K blocks or column panels) reads its whole row operand once per
+column tile.  With several column tiles and a row operand larger than
+``Blocking.row_block_bytes`` (half of L2), the row tiles are visited in a
+power-of-two number of blocks outside the column tiles, each block staying
+in L2 while the column panels pass; the blocks split evenly over the
+threads as the parallel root."""
+from __future__ import annotations
+
+from dataclasses import replace
+from math import prod
+
+import numpy as np
+
+from te_autodiff.expr import Var
+
+from ..loop_ir import stride
+from .blocking import Blocking
+from .nest import trips
+
+
+def _blocks(accesses, i: Var, j: Var, i_extent: int, bl: Blocking) -> int:
+    """The number of blocks of rows: a power of two, so that each block of the
+    row operand (the loads that move with ``i``, not with ``j``) is at most
+    ``bl.row_block_bytes``."""
+    size = max((i_extent * prod(trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
+                for a in accesses if a.loops and not a.store and stride(a.index, j) == 0
+                and stride(a.index, i) != 0), default=0)
+    blocks = 1
+    while size > blocks * bl.row_block_bytes:
+        blocks *= 2
+    return blocks
+
+
+def decide(plan, bl: Blocking):
+    """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with
+    ``row_block``, the row tiles per block, when its column tiles run first,
+    there are several and the rows take more than one block; unchanged
+    otherwise."""
+    if plan.i is None or not plan.columns_first or plan.j_extent <= plan.nr * plan.lanes:
+        return plan
+    tiles = -(-plan.i_extent // plan.mr)
+    per_block = -(-tiles // _blocks(plan.accesses, plan.i, plan.j, plan.i_extent, bl))
+    return replace(plan, row_block=per_block) if per_block < tiles else plan

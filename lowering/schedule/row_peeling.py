@@ -1,0 +1,54 @@
+"""Row peeling: tests that read the row variable ``i`` of a register tile
+(padding, ``0 <= i + d - 2 < H`` for every tap ``d``) hold on an interior
+range of ``i`` (``interior.py``): the row range is cut into border,
+interior (whole tiles, without those tests) and border.  A test on the row
+would otherwise be repeated for each row of a tile.  The peeled row ranges
+are sibling loops, so another output loop must be the parallel root: the
+rule needs a third output loop, and neither row panels nor row blocks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from te_autodiff.expr import Var
+
+from .interior import drop_tests, interior
+from .nest import Nest
+
+
+@dataclass(frozen=True)
+class Peel:
+    """On rows ``lo <= i < hi`` (whole tiles) the test terms ``tests`` always hold."""
+
+    lo: int
+    hi: int
+    tests: tuple
+
+
+def _peel(extent: int, mr: int, body, i: Var, inner: dict):
+    """The :class:`Peel` of ``extent`` rows in tiles of ``mr`` whose tests in
+    ``body`` read ``i`` (``inner``: the ranges of the loops inside); None when
+    there is no interior of a full tile."""
+    found = interior(body, i, inner)
+    if found is None or not found[2]:
+        return None
+    lo, hi = max(found[0], 0), min(found[1], extent)
+    if hi - lo < mr:
+        return None
+    return Peel(lo, lo + (hi - lo) // mr * mr, found[2])      # whole tiles; the rest joins the border
+
+
+def decide(plan, nest: Nest):
+    """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with the
+    :class:`Peel` of its register tile's rows; unchanged when there is none."""
+    if plan.i is None or len(nest.vars) < 3 or plan.row_block is not None or \
+            any(c.panel is not None and c.panel[1] is plan.it for c in plan.copies):
+        return plan
+    return replace(plan, peel=_peel(plan.i_extent, plan.mr, plan.body, plan.i, plan.inner))
+
+
+def build(peel: Peel, extent: int, body) -> list:
+    """The row range ``0..extent`` as ``[(first, length, element body)]``:
+    border, interior (``body`` without the tests), border."""
+    segments = [(0, peel.lo, body), (peel.lo, peel.hi - peel.lo, drop_tests(body, peel.tests)),
+                (peel.hi, extent - peel.hi, body)]
+    return [seg for seg in segments if seg[1] > 0]

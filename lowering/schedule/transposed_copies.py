@@ -1,0 +1,37 @@
+"""Transposed copies: a load in a reduction that is a gather along the vector
+axis ``j`` but reads only ``j`` and reduction variables (``B[j, k]`` in ``A @
+B.T``) is copied, transposed, into a temporary by a new stage, so the lanes
+read it with unit stride.  The vector axis rule weighs the copies of each
+candidate axis with its accesses and decides them with the axis; above
+``PACK_MAX_BYTES`` (``vector_axis.py``) the stage tries dot-product tiles
+instead (``dot_tiles.py``).  With a register tile the copies take the panel
+layout (``panels.py``); ``packing.py`` builds them."""
+from __future__ import annotations
+
+from math import prod
+
+from te_autodiff.expr import Var
+
+from ..loop_ir import stride
+from .nest import Nest
+from .packing import PACK_MIN_REUSE, Copy, box
+
+
+def decide(nest: Nest, j: Var, accesses) -> list:
+    """The loads worth copying into a transposed temporary ``P[r..., j]``:
+    gathers along ``j`` inside a reduction whose index reads only ``j`` and
+    reduction variables with constant bounds, in bounds over the whole box,
+    and re-read by the other output loops at least ``PACK_MIN_REUSE`` times
+    (a list of :class:`~lowering.schedule.packing.Copy`)."""
+    j_extent = nest.extent(j)
+    if prod(nest.extents) // max(j_extent, 1) < PACK_MIN_REUSE:
+        return []
+    plan, seen = [], set()
+    for a in accesses:
+        if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
+            continue
+        found = box(a, j, j_extent, nest)
+        if found is not None:
+            seen.add((a.buffer, a.index))
+            plan.append(Copy(a, found))
+    return plan
