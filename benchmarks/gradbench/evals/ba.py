@@ -42,14 +42,10 @@ def residuals(cams: te.Tensor, X: te.Tensor, w: te.Tensor, feats: te.Tensor, obs
     Xo = te.compute((p, 3), lambda i, j: pt[i, j] - cam[i, 3 + j], name="Xo")
     a = te.reduce_axis(3, name="a")
     sqtheta = te.compute((p,), lambda i: te.sum(cam[i, a] * cam[i, a], axis=a), name="sqtheta")
-    theta = te.compute((p,), lambda i: te.sqrt(sqtheta[i]), name="theta")
 
     def cross(u, v, i, j):
         """(u x v)_j for 3-vectors read as u(i, j), v(i, j)."""
         return u(i, (j + 1) % 3) * v(i, (j + 2) % 3) - u(i, (j + 2) % 3) * v(i, (j + 1) % 3)
-
-    def axis(i, j):
-        return cam[i, j] / theta[i]
 
     def xo(i, j):
         return Xo[i, j]
@@ -60,7 +56,13 @@ def residuals(cams: te.Tensor, X: te.Tensor, w: te.Tensor, feats: te.Tensor, obs
     b = te.reduce_axis(3, name="b")
 
     def rotated_entry(i, j):
-        costheta, sintheta = te.cos(theta[i]), te.sin(theta[i])
+        # theta, as in ADBench, only where |r| != 0: inside the branch
+        theta = te.sqrt(sqtheta[i])
+        costheta, sintheta = te.cos(theta), te.sin(theta)
+
+        def axis(i, j):
+            return cam[i, j] / theta
+
         tmp = te.sum(axis(i, b) * Xo[i, b], axis=b) * (1.0 - costheta)
         return te.if_then_else(te.not_equal(sqtheta[i], 0.0),
                                Xo[i, j] * costheta + cross(axis, xo, i, j) * sintheta + axis(i, j) * tmp,
