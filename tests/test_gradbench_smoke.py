@@ -54,7 +54,7 @@ def assert_close(got, want, rtol=1e-10, scale=None):
 
 def test_eval_list():
     assert set(EVALS) >= {"hello", "lse", "llsq", "kmeans", "gmm", "lstm", "ode", "ba"}
-    assert set(NOT_COVERED) == {"det", "particle", "saddle"}
+    assert set(NOT_COVERED) == {"det", "particle", "saddle", "ht"}
     with pytest.raises(ValueError, match="Lehmer"):
         load("det")
 

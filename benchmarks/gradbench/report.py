@@ -157,7 +157,8 @@ def render(data: dict) -> str:
     head = "| eval | function | threads | " + " | ".join(f"te / {p}" for p in PEERS) + " |"
     lines += [head, "|" + "---|" * (3 + len(PEERS))]
     for name in evals:
-        functions = sorted({e["function"] for e in data["evaluations"] if e["eval"] == name and e["function"] != "define"})
+        functions = sorted({e["function"] for e in data["evaluations"]
+                            if e["eval"] == name and e["function"] != "define"})
         for fn in functions:
             for n in threads:
                 cells = []
@@ -210,7 +211,7 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
-_EVAL_ORDER = {n: i for i, n in enumerate(("hello", "lse", "llsq", "kmeans", "gmm", "lstm", "ode", "ba", "ht"))}
+_EVAL_ORDER = {n: i for i, n in enumerate(("hello", "lse", "llsq", "kmeans", "gmm", "lstm", "ode", "ba"))}
 
 
 def write(out: Path, data: dict) -> None:

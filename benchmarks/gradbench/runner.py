@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,6 @@ SMOKE_ARGS = {
     "lstm": ["-l", "2", "-c", "32"],
     "ode": ["-n", "100", "-s", "4"],
     "ba": ["--min", "1", "--max", "1"],
-    "ht": ["--min", "1", "--max", "1", "--model", "small"],
 }
 
 
@@ -96,7 +93,8 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true", help="small inputs, one run each: seconds per eval")
     p.add_argument("--gradbench", default=None, help=f"the GradBench checkout (default {snapshot.DEFAULT_DIR})")
     p.add_argument("--setup", metavar="GIT_DIR", help="first lay out GradBench from this repository snapshot")
-    p.add_argument("--manual-bin", default=None, help="the manual tool's executables (default <checkout>/tools/manual/bin)")
+    p.add_argument("--manual-bin", default=None,
+                   help="the manual tool's executables (default <checkout>/tools/manual/bin)")
     p.add_argument("--manual-bin-mt", default=None,
                    help="its OpenMP build, for more than one thread (default <checkout>/tools/manual/bin-mt)")
     p.add_argument("--out", default=None, help="where results.json and RESULTS.md go (default: benchmarks/gradbench "
