@@ -156,13 +156,17 @@ def sparse(blocks, obs, n: int, m: int):
         head[:, r, N_CAM:N_CAM + 3] = dpt
         head[:, r, N_CAM + 3] = dw
     vals[2 * per_row * p:] = dw_err
-    cols = np.empty(vals.shape[0], dtype=np.int64)
+    cols = np.empty(vals.shape[0], dtype=np.int32)          # int, as ADBench's SparseMat
     chead = cols[:2 * per_row * p].reshape(p, 2, per_row)
-    chead[:, :, :N_CAM] = (N_CAM * obs[:, 0])[:, None, None] + np.arange(N_CAM)
-    chead[:, :, N_CAM:N_CAM + 3] = (N_CAM * n + 3 * obs[:, 1])[:, None, None] + np.arange(3)
-    chead[:, :, N_CAM + 3] = (N_CAM * n + 3 * m + np.arange(p))[:, None]
-    cols[2 * per_row * p:] = N_CAM * n + 3 * m + np.arange(p)
-    rows = np.concatenate([np.arange(0, 2 * p + 1) * per_row, 2 * p * per_row + np.arange(1, p + 1)])
+    first = np.empty((p, per_row), dtype=np.int32)
+    first[:, :N_CAM] = N_CAM * obs[:, :1] + np.arange(N_CAM, dtype=np.int32)
+    first[:, N_CAM:N_CAM + 3] = N_CAM * n + 3 * obs[:, 1:] + np.arange(3, dtype=np.int32)
+    first[:, N_CAM + 3] = N_CAM * n + 3 * m + np.arange(p, dtype=np.int32)
+    chead[:, 0] = first
+    chead[:, 1] = first
+    cols[2 * per_row * p:] = first[:, N_CAM + 3]
+    rows = np.concatenate([np.arange(0, 2 * p + 1, dtype=np.int32) * per_row,
+                           2 * p * per_row + np.arange(1, p + 1, dtype=np.int32)])
     return rows, cols, vals
 
 
