@@ -69,7 +69,7 @@ def machine_meta(checkout, root: Path) -> dict:
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "te_commit": _git(root, "rev-parse", "--short", "HEAD") + (" (modified)" if dirty else ""),
             "gradbench_commit": checkout.commit,
-            "cpu": f"{cpu_name()}, {os.cpu_count()} cores",
+            "cpu": f"{cpu_name()} ({te.target().cpu} to LLVM), {os.cpu_count()} cores",
             "target": str(te.target()),
             "versions": {d: _version(d) for d in ("numpy", "llvmlite", "jax", "jaxlib", "torch")}}
 
@@ -173,6 +173,22 @@ def render(data: dict) -> str:
                                  if ratios else "—")
                 lines.append(f"| {name} | {fn} | {n} | " + " | ".join(cells) + " |")
     lines.append("")
+
+    worst = []
+    for (ev, tool, th, f, desc), e in by.items():
+        if tool == "te" and ev != "hello":             # hello times a call, not a computation (its README says so)
+            for peer in PEERS:
+                r = _ratio(e, by.get((ev, peer, th, f, desc)))
+                if r:
+                    worst.append((r, ev, f, desc, th, peer, _ms(e), _ms(by[(ev, peer, th, f, desc)])))
+    if worst:
+        lines += ["## Where te-autodiff is furthest behind", "",
+                  "The twelve largest ratios of te-autodiff's time over a peer's (hello aside).", "",
+                  "| eval | function | input | threads | peer | te ms | peer ms | te / peer |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r, ev, f, desc, th, peer, a, b in sorted(worst, reverse=True)[:12]:
+            lines.append(f"| {ev} | {f} | {desc} | {th} | {peer} | {_fmt(a)} | {_fmt(b)} | {r:.2f} |")
+        lines.append("")
 
     for name in evals:
         lines += [f"## {name}", ""]

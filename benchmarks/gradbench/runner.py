@@ -102,6 +102,9 @@ def parse_args(argv):
     p.add_argument("--fresh", action="store_true", help="drop earlier results in --out instead of merging")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed for one response of a tool")
     p.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from --out's results.json")
+    p.add_argument("--note", action="append", default=[],
+                   help="a remark for the report (e.g. that the machine was shared); with --render, added to the "
+                        "last run")
     return p.parse_args(argv)
 
 
@@ -111,7 +114,11 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     if args.render:
-        report.write(out, json.loads(results_path.read_text()))
+        data = json.loads(results_path.read_text())
+        if args.note:
+            data["runs"][-1].setdefault("notes", []).extend(args.note)
+            results_path.write_text(json.dumps(data, indent=1) + "\n")
+        report.write(out, data)
         print(f"wrote {out / 'RESULTS.md'}")
         return 0
     try:
@@ -148,7 +155,7 @@ def main(argv=None) -> int:
     meta = report.machine_meta(checkout, ROOT)
     meta["command"] = "python -m benchmarks.gradbench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     meta["load_start"] = os.getloadavg()
-    meta["notes"] = list(checkout.notes)
+    meta["notes"] = list(checkout.notes) + list(args.note)
     if not checkout.has_manual(False) and args.manual_bin is None:
         meta["notes"].append("the manual tool is not built: GradBench's validators (which run it) judged nothing")
     print(f"GradBench {checkout.commit[:12]} at {checkout.root}; {meta['cpu']}; threads {threads}")
