@@ -155,6 +155,7 @@ def main(argv=None) -> int:
     meta = report.machine_meta(checkout, ROOT)
     meta["command"] = "python -m benchmarks.gradbench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     meta["load_start"] = os.getloadavg()
+    meta["smoke"] = args.smoke
     meta["notes"] = list(checkout.notes) + list(args.note)
     if not checkout.has_manual(False) and args.manual_bin is None:
         meta["notes"].append("the manual tool is not built: GradBench's validators (which run it) judged nothing")
@@ -185,11 +186,16 @@ def main(argv=None) -> int:
                                            tool_command(tool, n, checkout, manual_bins),
                                            tool_env(n, checkout, tmp), n, str(checkout.root), logdir,
                                            args.timeout, progress=lambda s: print(s, flush=True))
-    meta["load_end"] = os.getloadavg()
-    meta["wall_s"] = time.monotonic() - t0
-    meta["smoke"] = args.smoke
-    data = report.merge(previous, meta, records, skipped)
-    results_path.write_text(json.dumps(data, indent=1) + "\n")
-    report.write(out, data)
+                save(out, previous, meta, records, skipped, t0)        # after every session: a killed run keeps it
+    save(out, previous, meta, records, skipped, t0)
     print(f"wrote {out / 'RESULTS.md'} and {results_path} ({meta['wall_s']:.0f} s; logs in {logdir})")
     return 0
+
+
+def save(out: Path, previous, meta: dict, records, skipped, t0: float) -> None:
+    """results.json and RESULTS.md with what this run has measured so far."""
+    meta["load_end"] = os.getloadavg()
+    meta["wall_s"] = time.monotonic() - t0
+    data = report.merge(previous, meta, records, skipped)
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    report.write(out, data)
