@@ -77,21 +77,23 @@ def machine_meta(checkout, root: Path) -> dict:
 def merge(previous: dict | None, meta: dict, records: list[Evaluation], skipped: list[dict]) -> dict:
     """This run's results over an earlier results.json: an (eval, tool,
     threads, function, input) measured now replaces the earlier one."""
-    new_keys = {r.key for r in records}
-    evaluations = [r.to_json() for r in records]
-    runs = [meta]
-    skips = {(s["eval"], s["tool"], s["threads"]): s for s in skipped}
-    if previous:
-        evaluations = [e for e in previous["evaluations"]
-                       if (e["eval"], e["tool"], e["threads"], e["function"], e["description"]) not in new_keys] \
-            + evaluations
-        runs = previous["runs"] + runs
-        measured = {(r.eval, r.tool, r.threads) for r in records}
-        for s in previous.get("skipped", []):
-            key = (s["eval"], s["tool"], s["threads"])
-            if key not in skips and key not in measured:
-                skips[key] = s
-    return {"runs": runs, "evaluations": evaluations, "skipped": list(skips.values())}
+    now = {"runs": [meta], "evaluations": [r.to_json() for r in records], "skipped": skipped}
+    return merge_data(previous, now) if previous else now
+
+
+def merge_data(base: dict, newer: dict) -> dict:
+    """Two results.json merged: ``newer``'s evaluations replace ``base``'s of
+    the same (eval, tool, threads, function, input); runs are listed in order."""
+    def key(e):
+        return (e["eval"], e["tool"], e["threads"], e["function"], e["description"])
+    replaced = {key(e) for e in newer["evaluations"]}
+    measured = {(e["eval"], e["tool"], e["threads"]) for e in newer["evaluations"]}
+    skips = {(s["eval"], s["tool"], s["threads"]): s for s in base.get("skipped", [])
+             if (s["eval"], s["tool"], s["threads"]) not in measured}
+    skips.update({(s["eval"], s["tool"], s["threads"]): s for s in newer.get("skipped", [])})
+    return {"runs": base["runs"] + newer["runs"],
+            "evaluations": [e for e in base["evaluations"] if key(e) not in replaced] + newer["evaluations"],
+            "skipped": list(skips.values())}
 
 
 def _ms(e: dict) -> float | None:

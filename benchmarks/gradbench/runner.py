@@ -102,6 +102,8 @@ def parse_args(argv):
     p.add_argument("--fresh", action="store_true", help="drop earlier results in --out instead of merging")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed for one response of a tool")
     p.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from --out's results.json")
+    p.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
+                   help="with --render: first merge another run's results.json into --out's (its measurements win)")
     p.add_argument("--note", action="append", default=[],
                    help="a remark for the report (e.g. that the machine was shared); with --render, added to the "
                         "last run")
@@ -115,8 +117,11 @@ def main(argv=None) -> int:
     results_path = out / "results.json"
     if args.render:
         data = json.loads(results_path.read_text())
+        for other in args.merge:
+            data = report.merge_data(data, json.loads(Path(other).read_text()))
         if args.note:
             data["runs"][-1].setdefault("notes", []).extend(args.note)
+        if args.merge or args.note:
             results_path.write_text(json.dumps(data, indent=1) + "\n")
         report.write(out, data)
         print(f"wrote {out / 'RESULTS.md'}")
