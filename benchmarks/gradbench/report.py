@@ -97,16 +97,21 @@ def merge_data(base: dict, newer: dict) -> dict:
 
 
 def _ms(e: dict) -> float | None:
-    t = sorted(e["timings_ns"])
-    if e["status"] != "ok" or not t:
+    if e["status"] != "ok" or not e.get("median_ns"):
         return None
-    mid = len(t) // 2
-    return (t[mid] if len(t) % 2 else (t[mid - 1] + t[mid]) / 2) / 1e6
+    return e["median_ns"] / 1e6
+
+
+#: (eval, function, peer) whose peer computes something else, with why: shown, never compared
+INCOMPARABLE = {
+    ("ode", "gradient", "manual"): "GradBench's manual ode gradient is the closed-form gradient of the exact "
+                                   "solution (O(n)), not of the s Runge-Kutta steps the eval's primal takes",
+}
 
 
 def _cell(e: dict | None, skip: str | None) -> str:
     if e is None:
-        return "—" if skip is None else f"— ({skip})"
+        return "—"
     if e["status"] != "ok":
         return e["status"]
     mark = {True: "", False: " ✗", None: " ?"}[e["valid"]]
@@ -121,6 +126,8 @@ def _fmt(ms: float | None) -> str:
 
 def _ratio(te: dict | None, peer: dict | None) -> float | None:
     if te is None or peer is None or te["valid"] is False or peer["valid"] is False:
+        return None
+    if (peer["eval"], peer["function"], peer["tool"]) in INCOMPARABLE:
         return None
     a, b = _ms(te), _ms(peer)
     return a / b if a and b else None
@@ -208,7 +215,8 @@ def render(data: dict) -> str:
                     row = {t: by.get((name, t, n, fn, desc)) for t in TOOLS}
                     if not any(row.values()):
                         continue
-                    cells = [_cell(row[t], skips.get((name, t, n))) for t in TOOLS]
+                    cells = [_cell(row[t], skips.get((name, t, n)))
+                             + (" †" if row[t] and (name, fn, t) in INCOMPARABLE else "") for t in TOOLS]
                     ratios = [_ratio(row["te"], row[p]) for p in PEERS]
                     te = row["te"]
                     prep = f"{te['prepare_ns'] / 1e9:.2f}" if te and te.get("prepare_ns") else "—"
@@ -220,6 +228,14 @@ def render(data: dict) -> str:
                             problems.append(f"- {t}, {fn} {desc}, {n} thread(s): {e['status']}"
                                             + (", rejected" if e["valid"] is False else "")
                                             + (f": {text[-1][:200]}" if text else ""))
+        notes = sorted({f"{tool} ({n} thread{'s' if n > 1 else ''}): {why}"
+                        for (ev, tool, n), why in skips.items() if ev == name})
+        notes = _collapse(notes)
+        if notes:
+            lines += ["", "Not measured: " + "; ".join(notes) + "."]
+        for (ev, fn, tool), why in INCOMPARABLE.items():
+            if ev == name and any(k[0] == ev and k[1] == tool and k[3] == fn for k in by):
+                lines += ["", f"† Not compared: {why}."]
         defines = [e for e in data["evaluations"] if e["eval"] == name and e["function"] == "define"]
         problems += [f"- {e['tool']}, {e['threads']} thread(s): define failed: "
                      + ((e.get("error") or "").strip().splitlines() or [""])[-1][:200] for e in defines]
@@ -227,6 +243,19 @@ def render(data: dict) -> str:
             lines += ["", "Problems:", ""] + sorted(set(problems))
         lines.append("")
     return "\n".join(lines)
+
+
+def _collapse(notes: list[str]) -> list[str]:
+    """'jax (1 thread): x' and 'jax (2 threads): x' as 'jax: x'."""
+    import re
+    by_tool = defaultdict(set)
+    for note in notes:
+        tool, _, why = note.partition(": ")
+        by_tool[(re.sub(r" \(.*\)", "", tool), why)].add(tool)
+    out = []
+    for (tool, why), variants in sorted(by_tool.items()):
+        out += [f"{tool}: {why}"] if len(variants) > 1 else [f"{v}: {why}" for v in sorted(variants)]
+    return out
 
 
 _EVAL_ORDER = {n: i for i, n in enumerate(("hello", "lse", "llsq", "kmeans", "gmm", "lstm", "ode", "ba"))}

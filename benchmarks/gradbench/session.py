@@ -46,7 +46,13 @@ class Evaluation:
         return float(t[mid]) if len(t) % 2 else (t[mid - 1] + t[mid]) / 2
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The record for results.json: the timings summarised (a fast function
+        is called tens of thousands of times)."""
+        out = asdict(self)
+        t = out.pop("timings_ns")
+        out.update(runs=len(t), median_ns=self.median_ns(), min_ns=min(t) if t else None,
+                   max_ns=max(t) if t else None)
+        return out
 
 
 def _reader(stream, q: queue.Queue) -> None:
