@@ -21,7 +21,6 @@ import numpy as np
 import te_autodiff as te
 
 from ..function import function, scalar
-from . import workarounds
 
 
 def log_posterior(alpha, mu, q, l, x, m: int, gamma: float) -> te.Tensor:
@@ -32,10 +31,7 @@ def log_posterior(alpha, mu, q, l, x, m: int, gamma: float) -> te.Tensor:
 
     def Q_entry(k, r, c):
         packed = c * (2 * D - c - 1) // 2 + r - c - 1
-        below = c < r
-        if workarounds.GUARD_PACKED_INDEX:          # TEMPORARY, see workarounds.py
-            below = te.all(below, packed < D * (D - 1) // 2)
-        return te.if_then_else(below, l[k, packed], te.if_then_else(te.equal(c, r), te.exp(q[k, c]), 0.0))
+        return te.if_then_else(c < r, l[k, packed], te.if_then_else(te.equal(c, r), te.exp(q[k, c]), 0.0))
 
     Q = te.compute((K, D, D), Q_entry, name="Q")
     jq = te.reduce_axis(D, name="jq")

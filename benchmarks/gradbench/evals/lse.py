@@ -13,19 +13,14 @@ import numpy as np
 import te_autodiff as te
 
 from ..function import function, scalar, vector
-from . import workarounds
 
 
 def logsumexp(x: te.Tensor) -> te.Tensor:
     """LSE of a vector, shape (1,)."""
     n = x.shape[0]
     i = te.reduce_axis(n, name="i")
-    if workarounds.MAX_INTO_0D:                       # TEMPORARY, see workarounds.py
-        a = te.compute((), lambda: te.max(x[i], axis=i), name="a")
-        a0 = a[()]
-    else:
-        a = te.compute((1,), lambda _: te.max(x[i], axis=i), name="a")
-        a0 = a[0]
+    a = te.compute((1,), lambda _: te.max(x[i], axis=i), name="a")
+    a0 = a[0]
     j = te.reduce_axis(n, name="j")
     return te.compute((1,), lambda _: a0 + te.log(te.sum(te.exp(x[j] - a0), axis=j)), name="lse")
 
