@@ -77,6 +77,10 @@ DEFAULT_CACHES = (32 * KIB, 512 * KIB)       # a host CPU whose caches /sys does
 # x86 L1 is indexed by the address's page offset (4 KiB pages), so a way holds 4 KiB
 # (32 KiB: 8 ways, 48 KiB: 12); the ARM cores named above have 16 KiB ways (64 KiB, 4 ways)
 L1_WAY_BYTES = {"x86_64": 4 * KIB, "aarch64": 16 * KIB}
+# Features every CPU of an architecture has, as its Linux ABI requires (SSE2 on
+# x86-64; FP and Advanced SIMD on AArch64): the host has those LLVM's detection
+# does not mention (one it reports off stays off)
+ARCH_BASELINE = {"x86_64": _X86_V1, "aarch64": _ARM_V8}
 SHUFFLE_CHUNK_BYTES = {"x86_64": 16, "aarch64": 16}   # see Target.shuffle_chunk_bytes
 
 
@@ -250,11 +254,18 @@ def initialise_llvm() -> None:
 
 @lru_cache(maxsize=None)
 def host_target() -> Target:
-    """This machine, as LLVM detects it."""
+    """This machine, as LLVM detects it, plus its architecture's baseline
+    (:data:`ARCH_BASELINE`).  On AArch64 Linux LLVM reads the features from
+    ``/proc/cpuinfo``, which can say nothing of them: QEMU's user-mode
+    emulation passes the x86 host's file through, a chroot may lack ``/proc``.
+    Without the baseline such a host would refuse every kernel built for a
+    named AArch64 CPU (``Target.missing_on_host``)."""
     initialise_llvm()
+    triple = llvm.get_process_triple()
     detected = llvm.get_host_cpu_features()       # "-avx512f" too: a VM may hide what the CPU name implies
-    features = [k for k, on in detected.items() if on]
-    return _describe("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), features, *_sys_caches(),
+    baseline = {f for f in ARCH_BASELINE.get(triple.split("-", 1)[0], ()) if f not in detected}
+    features = {k for k, on in detected.items() if on} | baseline
+    return _describe("host", triple, llvm.get_host_cpu_name(), features, *_sys_caches(),
                      llvm_features=detected.flatten(), host=True)
 
 

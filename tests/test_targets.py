@@ -117,6 +117,50 @@ def test_host_caches_come_from_the_index_directories(tmp_path, monkeypatch):
     assert target_module._sys_caches(str(tmp_path / "absent")) == (*target_module.DEFAULT_CACHES, None)
 
 
+# what LLVM 22.1 detects in a process QEMU 7.2 runs as an AArch64 CPU: it reads the
+# x86 host's /proc/cpuinfo, finds no Features line and reports only these, off
+QEMU_AARCH64_DETECTION = {"sha2": False, "aes": False, "sve": False, "rand": False}
+
+
+@pytest.mark.parametrize("detected, arch_features", [
+    (QEMU_AARCH64_DETECTION, None),
+    ({**QEMU_AARCH64_DETECTION, "neon": True, "fp-armv8": True, "crc": True}, None),
+    ({"neon": False}, {"fp-armv8"}),
+])
+def test_an_aarch64_host_has_the_architectures_baseline(monkeypatch, detected, arch_features):
+    """An AArch64 host whose detected features say nothing of FP and NEON (QEMU
+    user-mode emulation, a chroot without /proc) still has them, as AArch64 Linux
+    requires: kernels built for a named AArch64 CPU run there.  A feature LLVM
+    reports off stays off."""
+    from lowering import target as target_module
+
+    class FeatureMap(dict):
+        def flatten(self):
+            return ",".join(("+" if on else "-") + k for k, on in self.items())
+
+    monkeypatch.setattr(target_module.llvm, "get_process_triple", lambda: "aarch64-unknown-linux-gnu")
+    monkeypatch.setattr(target_module.llvm, "get_host_cpu_name", lambda: "generic")
+    monkeypatch.setattr(target_module.llvm, "get_host_cpu_features", lambda: FeatureMap(detected))
+    target_module.host_target.cache_clear()
+    try:
+        host = target_module.host_target()
+        on = {k for k, v in detected.items() if v}
+        assert on <= host.features
+        assert not {k for k, v in detected.items() if not v} & host.features
+        assert host.arch == "aarch64" and (host.vector_bytes, host.vector_registers) == (16, 32)
+        assert host.features - on == (arch_features if arch_features is not None else {"fp-armv8", "neon"} - on)
+        why = te.target(ARM).missing_on_host()
+        if arch_features is None:
+            assert why is None, why
+            assert "x86_64" in te.target("haswell").missing_on_host()
+        else:
+            assert why is not None and "neon" in why
+        assert host.llvm_features == FeatureMap(detected).flatten()     # LLVM is told what it detected
+    finally:
+        monkeypatch.undo()
+        target_module.host_target.cache_clear()
+
+
 @pytest.mark.parametrize("name, ways", [("haswell", 8), ("icelake-server", 12), ("znver4", 8),
                                         ("aarch64-unknown-linux-gnu:neoverse-n1", 4), ("apple-m1", 8)])
 def test_named_targets_know_their_l1_ways(name, ways):
