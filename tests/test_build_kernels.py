@@ -5,6 +5,8 @@ import pytest
 import te_autodiff as te
 from lowering import Kernel, runtime
 
+pytestmark = pytest.mark.aarch64          # all of it runs in .ci/aarch64 (emulated AArch64)
+
 
 def matmul(n, m, p, dtype="float32"):
     A, B = te.placeholder((n, m), dtype, "A"), te.placeholder((m, p), dtype, "B")

@@ -7,6 +7,8 @@ import pytest
 import te_autodiff as te
 from conftest import assert_close, build_grad
 
+pytestmark = pytest.mark.aarch64          # all of it runs in .ci/aarch64 (emulated AArch64)
+
 
 def test_elementwise_on_an_empty_batch():
     X = te.placeholder((0, 4), name="X")

@@ -8,6 +8,8 @@ import te_autodiff as te
 from lowering import runtime
 from lowering.lower import lower
 
+pytestmark = pytest.mark.aarch64          # all of it runs in .ci/aarch64 (emulated AArch64)
+
 
 
 def sigmoid64(x):

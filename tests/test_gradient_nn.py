@@ -37,6 +37,7 @@ def np_dense_relu(x, w, b, h):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.aarch64
 def test_dense_relu(dtype):
     rng = np.random.default_rng(0)
     X, W, b = te.placeholder((4, 5), dtype, "X"), te.placeholder((3, 5), dtype, "W"), te.placeholder((3,), dtype, "b")
@@ -146,6 +147,7 @@ def test_conv2d(stride, dilation, pad):
 
 
 @pytest.mark.parametrize("stride,dilation,pad", [(1, 1, 1), (2, 1, 2), (2, 2, 1), (3, 2, 2)])
+@pytest.mark.aarch64
 def test_conv2d_inline_padding(stride, dilation, pad):
     xs, ws = conv_shapes(stride, dilation, pad)
     rng = np.random.default_rng(7 + stride + dilation + pad)
@@ -194,6 +196,7 @@ POOL_DATA = {
 
 @pytest.mark.parametrize("K,S", [(2, 2), (3, 2)])
 @pytest.mark.parametrize("data", list(POOL_DATA))
+@pytest.mark.aarch64
 def test_max_pool(K, S, data):
     rng = np.random.default_rng(K + S)
     shape = (2, 2, 7, 6)
@@ -217,6 +220,7 @@ def test_max_pool_tie_goes_to_first_element_of_window():
 
 
 @pytest.mark.parametrize("K,S", [(2, 2), (3, 1)])
+@pytest.mark.aarch64
 def test_avg_pool(K, S):
     rng = np.random.default_rng(11)
     shape = (1, 2, 6, 5)
@@ -243,6 +247,7 @@ def flatten(X):
     return te.compute((N, C * H * W), lambda n, q: X[n, q // (H * W), (q // W) % H, q % W], name="flat")
 
 
+@pytest.mark.aarch64
 def test_flatten_then_dense():
     rng = np.random.default_rng(12)
     X, V = te.placeholder((2, 3, 2, 4), F64, "X"), te.placeholder((5, 24), F64, "V")
@@ -322,6 +327,7 @@ def softmax_data(rng):
 
 
 @pytest.mark.parametrize("form", [softmax_graph, softmax_fused])
+@pytest.mark.aarch64
 def test_softmax(form):
     rng = np.random.default_rng(15)
     X = te.placeholder((3, 5), F64, "X")
@@ -333,6 +339,7 @@ def test_softmax(form):
 
 
 @pytest.mark.parametrize("form", [softmax_graph, softmax_fused])
+@pytest.mark.aarch64
 def test_log_softmax(form):
     rng = np.random.default_rng(16)
     X = te.placeholder((3, 5), F64, "X")
@@ -343,6 +350,7 @@ def test_log_softmax(form):
     check(ls, [X], [x], [h - p * h.sum(1, keepdims=True)], head=h, fwd=np.log(p))
 
 
+@pytest.mark.aarch64
 def test_softmax_check_gradient():
     rng = np.random.default_rng(17)
     X = te.placeholder((2, 4), F64, "X")
@@ -355,6 +363,7 @@ def test_softmax_check_gradient():
 # ---------------------------------------------------------------- concat / split
 
 
+@pytest.mark.aarch64
 def test_concatenate_and_split():
     rng = np.random.default_rng(18)
     A, B = te.placeholder((3, 4), F64, "A"), te.placeholder((2, 4), F64, "B")
@@ -377,6 +386,7 @@ def test_concatenate_and_split():
 
 
 @pytest.mark.parametrize("idx_dtype", ["int32", "int64"])
+@pytest.mark.aarch64
 def test_gather_accumulates_repeated_indices(idx_dtype):
     rng = np.random.default_rng(19)
     T, I = te.placeholder((5, 3), F64, "T"), te.placeholder((7,), idx_dtype, "I")
@@ -389,6 +399,7 @@ def test_gather_accumulates_repeated_indices(idx_dtype):
     assert r.grads[0].dtype == np.float64
 
 
+@pytest.mark.aarch64
 def test_embedding_bag_sum():
     rng = np.random.default_rng(20)
     T, I = te.placeholder((6, 2), F64, "T"), te.placeholder((3, 4), "int64", "I")
@@ -405,6 +416,7 @@ def test_embedding_bag_sum():
 # ---------------------------------------------------------------- residual block, shared weight
 
 
+@pytest.mark.aarch64
 def test_residual_block_twice_shared_weight():
     rng = np.random.default_rng(21)
     B, D = 2, 4
@@ -466,6 +478,7 @@ def np_mlp(x, w1, b1, w2, b2, lab):
 
 @pytest.mark.parametrize("label_mode", ["onehot", "gather"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.aarch64
 def test_mlp_softmax_cross_entropy(label_mode, dtype):
     rng = np.random.default_rng(22)
     N, D, Hd, C = 4, 3, 5, 3
@@ -480,6 +493,7 @@ def test_mlp_softmax_cross_entropy(label_mode, dtype):
     check(loss, params + [L], vals + [lab], expected, wrt=params, fwd=fwd, **tol)
 
 
+@pytest.mark.aarch64
 def test_mlp_check_gradient():
     rng = np.random.default_rng(23)
     N, D, Hd, C = 3, 2, 3, 3
@@ -526,6 +540,7 @@ def _tanh_layer_sum(X, W):
     return te.compute((n,), lambda i: te.tanh(te.sum(W[i, k] * X[k], axis=k)), name="T")
 
 
+@pytest.mark.aarch64
 def test_hessian_vector_product():
     rng = np.random.default_rng(24)
     n, d = 3, 4

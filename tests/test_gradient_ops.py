@@ -10,6 +10,8 @@ import pytest
 import te_autodiff as te
 from conftest import assert_close, build_grad, run, time_limit
 
+pytestmark = pytest.mark.aarch64          # all of it runs in .ci/aarch64 (emulated AArch64)
+
 SHAPE = (3, 4)
 
 

@@ -45,6 +45,7 @@ def add_at(shape, ids, values):
 
 
 @pytest.mark.parametrize("id_shape,id_dtype", [((9,), "int32"), ((3, 4), "int64")])
+@pytest.mark.aarch64
 def test_embedding(rng, id_shape, id_dtype):
     V, D = 7, 5
     E, I, Y = embedding(V, D, id_shape, id_dtype=id_dtype)
@@ -80,6 +81,7 @@ def test_embedding_cost_is_linear():
     assert c["temp_bytes"] == 4 * (V + 1 + N)          # int32 starts and positions
 
 
+@pytest.mark.aarch64
 def test_take_and_a_data_dependent_plus_affine_index(rng):
     X = te.placeholder((20,), dtype=F64, name="X")
     I = te.placeholder((6,), dtype="int32", name="I")
@@ -99,6 +101,7 @@ def test_take_and_a_data_dependent_plus_affine_index(rng):
     assert r.fwd.shape == (6, J)
 
 
+@pytest.mark.aarch64
 def test_gather_along_an_axis_scatters_each_row(rng):
     """torch.gather semantics: Y[i, j] = X[i, I[i, j]].  Row i of dX owns the
     matches of row i of I: each row is zeroed and its 64 positions added at
@@ -121,6 +124,7 @@ def test_gather_along_an_axis_scatters_each_row(rng):
     assert te.cost([X, I, H], [dXh])["iterations"] == A * (C + J)       # zero each row, add its positions
 
 
+@pytest.mark.aarch64
 def test_segment_sum_gradient_is_a_gather(rng):
     """out[s] = Σ_n [S[n] == s] X[n, d]: dX[n, d] = H[S[n], d], one read per element."""
     N, S, D = 9, 4, 3
@@ -138,6 +142,7 @@ def test_segment_sum_gradient_is_a_gather(rng):
     assert te.cost([X, seg, H], [dX])["iterations"] == N * D
 
 
+@pytest.mark.aarch64
 def test_label_reads_in_softmax_cross_entropy(rng):
     B, C = 5, 7
     Z = te.placeholder((B, C), dtype=F64, name="Z")
@@ -156,6 +161,7 @@ def test_label_reads_in_softmax_cross_entropy(rng):
     check(loss, [Z, L], [z, labels], [ref / B], wrt=[Z], head=np.ones(1))
 
 
+@pytest.mark.aarch64
 def test_tables_read_with_the_same_ids_share_one_sort(rng):
     V, D, N = 8, 3, 5
     E = te.placeholder((V, D), dtype=F64, name="E")
@@ -170,6 +176,7 @@ def test_tables_read_with_the_same_ids_share_one_sort(rng):
     assert_close([de, df], [add_at((V, D), ids, fv[ids]), add_at((V, D), ids, e[ids])])
 
 
+@pytest.mark.aarch64
 def test_positions_read_from_the_inverse_index_need_no_run_time_check():
     E, I, Y = embedding(10, 4, (6,))
     H = te.placeholder((6, 4), dtype=F64, name="H")
@@ -178,6 +185,7 @@ def test_positions_read_from_the_inverse_index_need_no_run_time_check():
     assert "check" not in ir.split("stage dE")[1], ir
 
 
+@pytest.mark.aarch64
 def test_out_of_range_ids_raise_and_return_nothing(rng):
     E, I, Y = embedding(5, 2, (4,))
     H = te.placeholder((4, 2), dtype=F64, name="H")
@@ -226,6 +234,7 @@ def test_bit_identical_for_every_thread_count(rng):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(V=st.integers(1, 9), N=st.integers(1, 12), D=st.integers(1, 3), batch=st.integers(0, 2),
        shift=st.integers(-3, 3), scale=st.integers(1, 2), seed=st.integers(0, 2**16))
+@pytest.mark.aarch64
 def test_inverse_index_matches_the_naive_sum(V, N, D, batch, shift, scale, seed):
     """Random keys ``scale·I[.., n] + shift`` (ids in and out of range, repeated)
     over an optional batch axis: zero elimination with an inverse index equals
@@ -254,6 +263,7 @@ def test_inverse_index_matches_the_naive_sum(V, N, D, batch, shift, scale, seed)
     np.testing.assert_allclose(want, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.aarch64
 def test_second_order_through_both_forms(rng):
     """Differentiating the gradient again, with respect to the head and the
     table, through an inverse index (embedding) and a match sum (gather)."""

@@ -5,6 +5,8 @@ import pytest
 import te_autodiff as te
 from te_autodiff.expr import const, reduce, var
 
+pytestmark = pytest.mark.aarch64          # all of it runs in .ci/aarch64 (emulated AArch64)
+
 I64 = "int64"
 
 

@@ -47,6 +47,7 @@ _WORKERS = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.aarch64
 def test_kernels_in_worker_processes(method, tmp_path):
     """Workers run the parent's kernels and build their own; with ``fork``
     they start after the parent's threads ran (libgomp's team would hang)."""
@@ -64,6 +65,7 @@ def _program(n):
     return X, Y, dX
 
 
+@pytest.mark.aarch64
 def test_threads_calling_one_kernel():
     X, Y, dX = _program(2048)
     f = te.build([X], [Y, dX])
@@ -86,6 +88,7 @@ def test_threads_calling_one_kernel():
     assert all(np.array_equal(a, want[0]) and np.array_equal(b, want[1]) for a, b in got)
 
 
+@pytest.mark.aarch64
 def test_threads_building_kernels():
     results, errors = {}, []
 
@@ -221,6 +224,7 @@ def _in_parts(monkeypatch, workers: int):
     monkeypatch.setattr(runtime, "_cache", OrderedDict())
 
 
+@pytest.mark.aarch64
 def test_a_program_compiled_in_parts_computes_what_one_module_does(monkeypatch):
     """A large program is compiled as one LLVM module per LLVM process, all at
     once (``codegen_llvm.partition``, ``llvm_process.run_all``): the first

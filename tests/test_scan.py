@@ -105,6 +105,7 @@ def run(inputs, outputs, values):
 # ----------------------------------------------------------------- forward
 
 
+@pytest.mark.aarch64
 def test_spec_example_forward_and_gradient(rng):
     m, n = 64, 8
     X = te.placeholder((m, n), name="X")
@@ -124,18 +125,21 @@ def test_spec_example_forward_and_gradient(rng):
     te.check_gradient(Y, [X], [x.astype(F64)])
 
 
+@pytest.mark.aarch64
 def test_elman_forward_matches_numpy_loop(rng):
     ins, Y = elman(7, 3, 5, 4)
     values = [normal(rng, *t.shape) for t in ins]
     np.testing.assert_allclose(run(ins, [Y], values), elman_numpy(*values), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.aarch64
 def test_k2_forward_matches_numpy_loop(rng):
     ins, Y = two_back(12, 3)
     values = [normal(rng, 12, 3, scale=1.0), normal(rng, 3)]
     np.testing.assert_allclose(run(ins, [Y], values), two_back_numpy(*values), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.aarch64
 def test_lstm_two_states_forward(rng):
     ins, Yh, Yc = lstm(6, 3, 4, 5)
     values = [normal(rng, *t.shape) for t in ins]
@@ -147,6 +151,7 @@ def test_lstm_two_states_forward(rng):
     np.testing.assert_allclose(run(ins, [Yh], values), rh, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.aarch64
 def test_scan_read_by_compute_and_by_scan(rng):
     T, n = 9, 3
     ins, Y = two_back(T, n)
@@ -180,6 +185,7 @@ def test_pretty_shows_the_scan_and_its_reverse():
     assert "dW[i0, i1] = sum[t in 0..4, b in 0..2](dh.r1[t, b, i0] * hs[" in back   # summed over time
 
 
+@pytest.mark.aarch64
 def test_no_update_step_and_an_integer_state(rng):
     """k = T: the result is the initial values; an int32 counter as a second
     state (no derivative) read by the float one."""
@@ -210,16 +216,19 @@ def test_no_update_step_and_an_integer_state(rng):
 # --------------------------------------------------------------- gradients
 
 
+@pytest.mark.aarch64
 def test_elman_gradient_finite_differences(rng):
     ins, Y = elman(6, 2, 4, 3)
     te.check_gradient(Y, ins, [normal(rng, *t.shape) for t in ins])
 
 
+@pytest.mark.aarch64
 def test_k2_gradient_finite_differences(rng):
     ins, Y = two_back(10, 3)
     te.check_gradient(Y, ins, [normal(rng, 10, 3, scale=1.0), normal(rng, 3)])
 
 
+@pytest.mark.aarch64
 def test_lstm_gradient_finite_differences_both_states(rng):
     ins, Yh, Yc = lstm(5, 2, 3, 4)
     T, B, H = Yh.shape
@@ -230,6 +239,7 @@ def test_lstm_gradient_finite_differences_both_states(rng):
     te.check_gradient(L, ins + [Hd], [normal(rng, *x.shape) for x in ins + [Hd]])
 
 
+@pytest.mark.aarch64
 def test_readout_of_the_last_state_gradient(rng):
     """A loss on the last state only, through a read-out: the weight gradients
     read the step's adjoints kept by the reverse scan (packed for a GEMM)."""
@@ -249,6 +259,7 @@ def test_readout_of_the_last_state_gradient(rng):
     te.check_gradient(loss, [X, W, U, v], [normal(rng, T, B), normal(rng, H, H), normal(rng, H), normal(rng, H)])
 
 
+@pytest.mark.aarch64
 def test_scan_of_scan_gradient_counts_shared_weights_once(rng):
     """``a`` is read by the step of Y and by the step of Z, which reads Y."""
     T, n = 8, 3
@@ -261,6 +272,7 @@ def test_scan_of_scan_gradient_counts_shared_weights_once(rng):
     te.check_gradient(Z, [X, a], [normal(rng, T, n, scale=1.0), normal(rng, n)])
 
 
+@pytest.mark.aarch64
 def test_second_order_through_scans(rng):
     T, n = 7, 2
     (X, a), Y = two_back(T, n)
@@ -342,6 +354,7 @@ def _rnn_kernel(T):
     return te.build(ins, [loss] + te.gradient(loss, ins[:3]))
 
 
+@pytest.mark.aarch64
 def test_one_loop_over_time_whatever_the_steps():
     """T = 16 and T = 256 lower to the same program but for the numbers
     (extents, offsets): same stages, one loop over time each way, and the
@@ -371,6 +384,7 @@ def test_cost_counts_steps_times_body():
     assert te.cost([X], [Z])["iterations"] == n + (m - 1) * n * n
 
 
+@pytest.mark.aarch64
 def test_store_and_recompute_choose_for_the_step(rng):
     """A step's intermediate is stored (a stage in the time loop) or inlined
     where it is read, as store= / recompute= say; the values do not change."""
@@ -390,6 +404,7 @@ def test_store_and_recompute_choose_for_the_step(rng):
         te.build([X], [Y], recompute=[upd])
 
 
+@pytest.mark.aarch64
 def test_threads_give_the_same_bits():
     code = ("import numpy as np, te_autodiff as te\n"
             "from tests.test_scan import elman\n"

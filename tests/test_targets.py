@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ARM = "aarch64-unknown-linux-gnu:neoverse-n1"
 SIX = ("x86-64-v2", "haswell", "znver3", "skylake-avx512", "icelake-server", ARM)
+SIX_ARM_MARKED = [*SIX[:-1], pytest.param(ARM, marks=pytest.mark.aarch64)]    # ARM's case runs in .ci/aarch64 too
 
 
 def host_arch() -> str:
@@ -85,6 +86,7 @@ def test_target_prints_readably(name):
         assert part in text, f"{part!r} missing from {text!r}"
 
 
+@pytest.mark.aarch64
 def test_host_target(monkeypatch):
     """``"host"`` is this machine: runnable, a known vector width, the same as ``te.target()`` without TE_TARGET."""
     monkeypatch.delenv("TE_TARGET", raising=False)
@@ -127,6 +129,7 @@ QEMU_AARCH64_DETECTION = {"sha2": False, "aes": False, "sve": False, "rand": Fal
     ({**QEMU_AARCH64_DETECTION, "neon": True, "fp-armv8": True, "crc": True}, None),
     ({"neon": False}, {"fp-armv8"}),
 ])
+@pytest.mark.aarch64
 def test_an_aarch64_host_has_the_architectures_baseline(monkeypatch, detected, arch_features):
     """An AArch64 host whose detected features say nothing of FP and NEON (QEMU
     user-mode emulation, a chroot without /proc) still has them, as AArch64 Linux
@@ -224,6 +227,7 @@ def test_wrong_type_is_a_type_error(value):
         te.target(value)
 
 
+@pytest.mark.aarch64
 def test_missing_on_host_explains_why():
     """``missing_on_host`` is None for this machine and for the x86-64-v2 baseline on x86,
     and names the architecture or the lacking features otherwise."""
@@ -283,7 +287,7 @@ ASM_MARKERS = {
 }
 
 
-@pytest.mark.parametrize("name", SIX)
+@pytest.mark.parametrize("name", SIX_ARM_MARKED)
 def test_asm_is_for_the_target(name):
     """``kernel.asm`` of a float32 matmul uses the target's registers and FMA instructions only."""
     kernel = te.build(*_matmul("float32"), target=name)
@@ -304,6 +308,7 @@ def _numpy_inputs(inputs, seed=0):
 
 
 @pytest.mark.parametrize("name", SIX)
+@pytest.mark.aarch64
 def test_kernel_runs_or_refuses_with_a_reason(name):
     """A kernel for a CPU this machine cannot run is built and inspectable, and calling it
     raises RuntimeError naming the target and what the host lacks; otherwise it runs."""
@@ -329,6 +334,7 @@ def test_kernel_runs_or_refuses_with_a_reason(name):
         assert lacking and any(f in message for f in lacking)
 
 
+@pytest.mark.aarch64
 def test_cross_compiled_kernel_still_checks_arguments():
     """Wrong arguments to a cross-compiled kernel are reported like any kernel's (TypeError/ValueError)."""
     inputs, outputs = _matmul("float64")
@@ -392,7 +398,7 @@ def test_narrower_target_matches_numpy(name, program):
 MASKED = re.compile(r'@"?llvm\.masked\.(load|store)\.v(\d+)(f32|f64)')
 
 
-@pytest.mark.parametrize("name", SIX)
+@pytest.mark.parametrize("name", SIX_ARM_MARKED)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_masked_tails_are_no_wider_than_the_target(name, dtype):
     """Vector loops whose extent is not a multiple of the lanes end in masked loads and
@@ -422,7 +428,7 @@ def _max_pool_f64(shape=(1, 1, 4, 6)):
                             name="pool")]
 
 
-@pytest.mark.parametrize("name", SIX)
+@pytest.mark.parametrize("name", SIX_ARM_MARKED)
 def test_te_emits_no_masked_operation_wider_than_the_target(name):
     """The LLVM IR te emits (before LLVM's optimiser) for a strided max pool and a masked tail
     has masked operations of at most the target's width, and compiles."""
@@ -448,9 +454,10 @@ def test_optimised_max_pool_has_no_masked_load_wider_than_the_target(name):
 
 CHILD_TIMEOUT = 420          # seconds for one target's child (about 60 s on a quiet 2-core machine)
 CHILDREN = 2                 # children compiling at the same time
+SAMPLE_TIMEOUT = 1800        # seconds for the run sample (about 5 min under QEMU's emulation of AArch64)
 
 
-def _run_child(target, programs=(), env=None):
+def _run_child(target, programs=(), env=None, timeout=CHILD_TIMEOUT):
     """Run ``tests/corpus.py target [programs]``; returns (returncode or None on timeout, stdout, stderr, seconds)."""
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([ROOT, HERE] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -458,7 +465,7 @@ def _run_child(target, programs=(), env=None):
     t0 = time.perf_counter()
     try:
         p = subprocess.run([sys.executable, os.path.join(HERE, "corpus.py"), target, *programs], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+                           capture_output=True, text=True, timeout=timeout)
         return p.returncode, p.stdout, p.stderr, time.perf_counter() - t0
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -539,3 +546,32 @@ def test_corpus_compiles_for_target(target, corpus_runs):
     slowest = sorted(report["seconds"].items(), key=lambda kv: -kv[1])[:3]
     assert not report["failures"], (f"corpus for {target}: {len(report['failures'])} of {report['programs']} "
                                     f"programs failed ({seconds:.0f} s; slowest {slowest}):\n{failures}")
+
+
+@pytest.mark.corpus
+@pytest.mark.aarch64
+def test_corpus_sample_runs_for_the_default_target():
+    """The corpus programs that are run (every fifth), built for ``te.target()``
+    (``TE_TARGET`` or this machine) and for ``"host"``, run here and agree, with
+    the same compile checks as above.  On an AArch64 machine with ``TE_TARGET``
+    naming its CPU (``.ci/aarch64``) this runs NEON kernels of every family,
+    where the six-target corpus above only compiles them."""
+    from corpus import run_sample
+
+    target = te.target()
+    if target.host:
+        pytest.skip("te.target() is this machine: its kernels would be compared with themselves")
+    if target.missing_on_host() is not None:
+        pytest.skip(f"this machine cannot run {target.name}: {target.missing_on_host()}")
+    code, out, err, seconds = _run_child(target.name, ["--sample"], timeout=SAMPLE_TIMEOUT)
+    report = _child_report(target.name, code, out, err, seconds)
+    if isinstance(report, str):
+        pytest.fail(report)
+    sample = run_sample()
+    assert report["runnable"] and set(report["seconds"]) == sample
+    assert {n.split("/")[0] for n in sample} >= {"bench", "nn", "op", "zero_elim"}
+    assert report["ran"] == len(sample), f"{len(sample) - report['ran']} sampled programs were not run"
+    failures = "\n".join(f"  {f['program']}: " + "\n    ".join(p.strip() for p in f["problems"])
+                         for f in report["failures"])
+    assert not report["failures"], (f"{target.name}: {len(report['failures'])} of {len(sample)} sampled "
+                                    f"programs failed ({seconds:.0f} s):\n{failures}")
