@@ -178,10 +178,11 @@ class Compiled:
 
 def _jit(target: Target):
     """The JIT that links ``target``'s object code into this process (one per
-    target; a program's code is unloaded when its ``Compiled`` is dropped)."""
+    target; a program's code is unloaded when its ``Compiled`` is dropped),
+    with the linker ``Target.jit_link`` names."""
     jit = _jits.get(target)
     if jit is None:
-        jit = _jits[target] = llvm.create_lljit_compiler(target_machine(target))
+        jit = _jits[target] = llvm.create_lljit_compiler(target_machine(target), use_jit_link=target.jit_link)
     return jit
 
 

@@ -134,6 +134,17 @@ class Target:
         return "llvm.x86.sse.sfence" if self.streaming_stores else None
 
     @property
+    def jit_link(self) -> bool:
+        """Link this target's object code with LLVM's JITLink, not RuntimeDyld.
+        RuntimeDyld maps an object's code, constants and GOT separately, so
+        they can land more than 4 GB apart, past the reach of AArch64's
+        ``adrp`` (the small code model's page-relative addressing): it then
+        aborts on an assertion (llvm-project issue 71963), as it did for a
+        kernel calling libgomp under QEMU.  JITLink allocates an object in one
+        block.  x86-64 keeps RuntimeDyld, which te's kernels have always run with."""
+        return self.arch == "aarch64"
+
+    @property
     def scale_intrinsic(self) -> str | None:
         """AVX-512's ``vscalefps`` on 16 float32 (``p 2^n`` in one rounding), if the target has it."""
         return "llvm.x86.avx512.mask.scalef.ps.512" if "avx512f" in self.features else None
