@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from te_autodiff.ops import OPS
+
 # --------------------------------------------------------------------- rendering context
 
 
@@ -247,22 +249,34 @@ class Read(Expr):
         return f"torch.where({conds}, 0.0, {read})"
 
 
-UNARY_TE = {"neg": "-", "abs": "te.abs", "exp": "te.exp", "log": "te.log", "log1p": "te.log1p",
-            "sqrt": "te.sqrt", "tanh": "te.tanh", "sigmoid": "te.sigmoid", "sin": "te.sin", "cos": "te.cos"}
-
-
 @dataclass(frozen=True)
 class Unary(Expr):
+    """An operator of one operand of te's table (te_autodiff/ops.py): ``te.<name>``
+    against ``torch.<name>``, or negation."""
     op: str
     a: Expr
 
     def te(self, ctx):
         a = self.a.te(ctx.strict())
-        return f"(-{a})" if self.op == "neg" else f"{UNARY_TE[self.op]}({a})"
+        return f"(-{a})" if self.op == "neg" else f"te.{OPS[self.op].public}({a})"
 
     def torch(self, ctx):
         a = self.a.torch(ctx.strict())
         return f"(-{a})" if self.op == "neg" else f"torch.{self.op}({a})"
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    """A function of te's table of several operands (``te.atan2``, ``te.clip``)
+    against torch's function of the same name; every operand a tensor."""
+    op: str
+    args: tuple
+
+    def te(self, ctx):
+        return f"te.{OPS[self.op].public}({', '.join(a.te(ctx.strict()) for a in self.args)})"
+
+    def torch(self, ctx):
+        return f"torch.{self.op}({', '.join(a.torch(ctx.strict()) for a in self.args)})"
 
 
 # te spelling, torch spelling; an infix operator is written "(a OP b)"

@@ -37,7 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .describe import (IBin, IConst, IData, IVar, Binary, Cmp, Compute, Input, Logic, Num, Program, Read,
+from te_autodiff.ops import OPS, unary_names
+
+from .describe import (IBin, IConst, IData, IVar, Binary, Call, Cmp, Compute, Input, Logic, Num, Program, Read,
                        Reduce, Select, ToFloat, Unary, Var, walk)
 
 LIMIT = 1e3             # bound on the magnitude of every value
@@ -232,28 +234,26 @@ class Generator:
         return self.read_of(self.tensor_for(scope), scope)
 
     def gen_unary(self, scope, depth) -> V:
-        op = self.pick(["neg", "abs", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos"],
-                       [1, 1, 2, 2, 1, 1.5, 2, 2, 1, 1])
+        """An operator of one operand of te's table, its operand brought into
+        the operator's ``domain`` (``te_autodiff/ops.py``)."""
+        op = self.pick(unary_names())
         self.tag(f"unary:{op}")
-        a = self.expr(scope, depth)
-        if op == "exp":
-            a = self.scaled(a, 4.0)
-            return V(Unary("exp", a.e), math.exp(a.lo), math.exp(a.hi))
-        if op in ("log", "sqrt", "log1p"):
-            if a.lo < 0.25:
-                a = self.positive(a)
-            f = {"log": math.log, "sqrt": math.sqrt, "log1p": math.log1p}[op]
-            return V(Unary(op, a.e), f(a.lo), f(a.hi))
+        a = self.into(self.expr(scope, depth), OPS[op].domain)
         if op == "neg":
             return V(Unary("neg", a.e), -a.hi, -a.lo)
-        if op == "abs":
-            lo = 0.0 if a.lo <= 0 <= a.hi else min(abs(a.lo), abs(a.hi))
-            return V(Unary("abs", a.e), lo, a.mag)
-        if op == "tanh":
-            return V(Unary("tanh", a.e), math.tanh(a.lo), math.tanh(a.hi))
-        if op == "sigmoid":
-            return V(Unary("sigmoid", a.e), _sigmoid(a.lo), _sigmoid(a.hi))
-        return V(Unary(op, a.e), -1.0, 1.0)
+        return V(Unary(op, a.e), *_range(OPS[op].fold, [a]))
+
+    def into(self, a, domain) -> V:
+        """``a``, or an expression of it with values in ``domain``: scaled into
+        a symmetric interval, or made at least 1/4 for a half-line."""
+        lo, hi = domain
+        if lo == -math.inf and hi == math.inf:
+            return a
+        if hi == math.inf:
+            assert lo == 0.25, "a half-line domain starts at 1/4 (positive)"
+            return a if a.lo >= lo else self.positive(a)
+        assert lo == -hi, "a bounded domain is symmetric"
+        return self.scaled(a, hi)
 
     def positive(self, a) -> V:
         """An expression of ``a`` whose values are at least 1/4 (a domain for log, sqrt, division, powers)."""
@@ -272,17 +272,27 @@ class Generator:
         return V(Binary("add", Binary("mul", a.e, a.e), Num(c)), c + lo, c + a.mag ** 2)
 
     def gen_binary(self, scope, depth) -> V:
-        op = self.pick(["add", "sub", "mul", "div", "pow", "max", "min", "fdiv", "fmod"],
-                       [3, 2, 3, 2, 2, 1.5, 1.5, 0.5, 0.7])
+        """An operator of two or more operands of te's table: the arithmetic
+        ones made safe by :meth:`binary_of`, :meth:`power` and here; any
+        other with its operands in its ``domain`` (``te_autodiff/ops.py``)."""
+        op = self.pick(BINARY_OPS, [BINARY_WEIGHTS.get(op, 1) for op in BINARY_OPS])
         a = self.expr(scope, depth)
         if op == "pow":
             return self.power(a, scope, depth)
-        if op in ("fdiv", "fmod"):
+        if op in ("floordiv", "mod"):
+            op = {"floordiv": "fdiv", "mod": "fmod"}[op]
             c = float(self.pick([0.5, 0.75, 1.0, 2.0]))
             self.tag(f"binary:{op}")
             if op == "fmod":
                 return V(Binary("fmod", a.e, Num(c)), 0.0, c)
             return V(Binary("fdiv", a.e, Num(c)), math.floor(a.lo / c), math.floor(a.hi / c))
+        if op not in ARITHMETIC:
+            self.tag(f"call:{op}")
+            args = [self.into(a, OPS[op].domain)] + [self.into(self.expr(scope, depth), OPS[op].domain)
+                                                     for _ in range(OPS[op].arity - 1)]
+            if op == "clip":
+                return V(Call(op, tuple(v.e for v in args)), *_hull(*args))
+            return V(Call(op, tuple(v.e for v in args)), *_range(OPS[op].fold, args))
         b = self.gen_num(scope, depth) if self.chance(0.2) else self.expr(scope, depth)
         if self.chance(0.5):
             a, b = b, a
@@ -714,6 +724,25 @@ class Generator:
 
 def _sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
+
+
+def _range(f, args, points=65) -> tuple:
+    """An interval containing ``f`` over the box of the intervals ``args``:
+    its extremes on a grid of ``points`` per operand, widened by 2% of the
+    spread (a function that turns between grid points, sin, stays inside)."""
+    grids = np.meshgrid(*[np.linspace(v.lo, v.hi, points if len(args) == 1 else 17) for v in args])
+    values = [f(*p) for p in zip(*(g.ravel() for g in grids))]
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    lo, hi = min(values), max(values)
+    pad = 0.02 * (hi - lo)
+    return lo - pad, hi + pad
+
+
+# the table's operators (te_autodiff/ops.py) the fuzzer draws, and how often
+ARITHMETIC = ("add", "sub", "mul", "div", "max", "min")
+BINARY_OPS = [op.name for op in OPS.values() if op.arity >= 2]
+BINARY_WEIGHTS = {"add": 3, "sub": 2, "mul": 3, "div": 2, "pow": 2, "max": 1.5, "min": 1.5, "floordiv": 0.5,
+                  "mod": 0.7}
 
 
 def generate(seed: int) -> Program:

@@ -20,10 +20,13 @@ reductions start from -inf; never arcp: ``x * (1/d)`` for ``x / d`` in one
 stage and not in another would make the derivative of a max, which finds the
 first position where the recomputed body equals the stored maximum, miss
 it); floor division and modulo on floats follow
-numpy's ``divmod`` exactly and carry no fast-math flags.  exp, log, log1p,
-tanh and sigmoid are LLVM IR of our own (``fast_math.py``), not libm calls:
-inline, or one internal function per module that a stage applying one many
-times calls (``INLINE_MATH_USES``).
+numpy's ``divmod`` exactly and carry no fast-math flags.  The operators are
+those of the table ``te_autodiff/ops.py``: arithmetic is an LLVM instruction
+(``_INSTRUCTIONS``); a function with a body of our own for its dtype in
+``fast_math.py`` (exp, log, tanh, erf...) is that LLVM IR, inline, or one
+internal function per module that a stage applying one many times calls
+(``INLINE_MATH_USES``); any other is the table's LLVM intrinsic or libm
+function.
 
 Vector loops: inside a :class:`~lowering.loop_ir.Simd` loop every value is
 either the same in all lanes (kept scalar) or a ``<W x T>`` vector; a load
@@ -58,7 +61,9 @@ from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 from te_autodiff.visit import topo_order
 
-from .fast_math import FAST_MATH, FAST_MATH_F64
+from te_autodiff.ops import OPS
+
+from .fast_math import BODIES
 from .loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
                       Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
                       stage_buffers, stmt_exprs, stride, substitute, walk)
@@ -73,13 +78,6 @@ VALUE_TYPE = {"bool": I1, "int32": ir.IntType(32), "int64": I64,
 MEMORY_TYPE = {**VALUE_TYPE, "bool": I8}
 FAST = ("reassoc", "contract", "nsz")
 
-# Math functions by operation: an LLVM intrinsic (mangled by type: llvm.exp.f32,
-# llvm.exp.v16f32) or a libm symbol pair (float32, float64) resolved in-process.
-# float32 exp/log/log1p/tanh use the inline implementations of fast_math.py.
-INTRINSICS = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "sin": "llvm.sin",
-              "cos": "llvm.cos", "abs": "llvm.fabs", "pow": "llvm.pow", "max": "llvm.maximum",
-              "min": "llvm.minimum", "floor": "llvm.floor", "copysign": "llvm.copysign"}
-LIBM = {"tanh": ("tanhf", "tanh"), "log1p": ("log1pf", "log1p")}
 PARTIAL_UNROLL = 4      # times LLVM unrolls a loop of kind "partial"
 INLINE_MATH_USES = 2    # a stage applying a fast_math function more often calls one copy of it
 
@@ -148,10 +146,10 @@ def _float_divmod(fe, a, b):
                    bld.xor(bld.fcmp_ordered("<", b, zero), bld.fcmp_ordered("<", mod, zero)))
     mod = bld.select(fix, bld.fadd(mod, b), mod)
     div = bld.select(fix, bld.fsub(div, one), div)
-    mod = bld.select(bld.fcmp_ordered("==", mod, zero), fe.math("copysign", [zero, b]), mod)
-    floor = fe.math("floor", [div])
+    mod = bld.select(bld.fcmp_ordered("==", mod, zero), fe.call_intrinsic("llvm.copysign", [zero, b]), mod)
+    floor = fe.call_intrinsic("llvm.floor", [div])
     floor = bld.select(bld.fcmp_ordered(">", bld.fsub(div, floor), half), bld.fadd(floor, one), floor)
-    quot = bld.select(bld.fcmp_ordered("==", div, zero), fe.math("copysign", [zero, bld.fdiv(a, b)]),
+    quot = bld.select(bld.fcmp_ordered("==", div, zero), fe.call_intrinsic("llvm.copysign", [zero, bld.fdiv(a, b)]),
                       floor)
     by_zero = bld.fcmp_ordered("==", b, zero)
     return bld.select(by_zero, bld.fdiv(a, b), quot), mod
@@ -180,16 +178,26 @@ def _int_minmax(name):
     return rule
 
 
-_BINOP = {
+def _int_abs(fe, x):
+    fn = fe.intrinsic(f"llvm.abs.{_mangle(x.type)}", x.type, [x.type, I1])
+    return fe.b.call(fn, [x, ir.Constant(I1, 0)])
+
+
+def _int_sign(fe, x):
+    zero = ir.Constant(x.type, 0)
+    return fe.b.sub(fe.b.zext(fe.b.icmp_signed(">", x, zero), x.type),
+                    fe.b.zext(fe.b.icmp_signed("<", x, zero), x.type))
+
+
+# the operators of ops.py that are LLVM instructions, by (operator, kind of
+# dtype); the others are math functions (_Emitter.math)
+_INSTRUCTIONS = {
     ("add", "f"): lambda fe, a, b: fe.b.fadd(a, b, flags=FAST),
     ("sub", "f"): lambda fe, a, b: fe.b.fsub(a, b, flags=FAST),
     ("mul", "f"): lambda fe, a, b: fe.b.fmul(a, b, flags=FAST),
     ("div", "f"): lambda fe, a, b: fe.b.fdiv(a, b, flags=FAST),
     ("floordiv", "f"): lambda fe, a, b: _float_divmod(fe, a, b)[0],
     ("mod", "f"): lambda fe, a, b: _float_divmod(fe, a, b)[1],
-    ("max", "f"): lambda fe, a, b: fe.math("max", [a, b]),
-    ("min", "f"): lambda fe, a, b: fe.math("min", [a, b]),
-    ("pow", "f"): lambda fe, a, b: fe.math("pow", [a, b]),
     ("add", "i"): lambda fe, a, b: fe.b.add(a, b),
     ("sub", "i"): lambda fe, a, b: fe.b.sub(a, b),
     ("mul", "i"): lambda fe, a, b: fe.b.mul(a, b),
@@ -197,7 +205,18 @@ _BINOP = {
     ("mod", "i"): lambda fe, a, b: _int_divmod(fe, a, b)[1],
     ("max", "i"): _int_minmax("smax"),
     ("min", "i"): _int_minmax("smin"),
+    ("neg", "f"): lambda fe, x: fe.b.fneg(x, flags=FAST),
+    ("neg", "i"): lambda fe, x: fe.b.sub(ir.Constant(x.type, 0), x),
+    ("abs", "i"): _int_abs,
+    ("sign", "i"): _int_sign,
 }
+
+
+def _operator(fe, op: str, kind: str, args):
+    """Operator ``op`` of ops.py on ``args`` of the kind of dtype ``kind``."""
+    rule = _INSTRUCTIONS.get((op, kind))
+    return fe.math(op, args) if rule is None else rule(fe, *args)
+
 
 _CMP_SYMBOL = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
@@ -207,33 +226,6 @@ def _cmp(fe, e, a, b):
     if kind == "f":     # numpy: every comparison with NaN is false except !=
         return fe.b.fcmp_unordered(sym, a, b) if e.op == "ne" else fe.b.fcmp_ordered(sym, a, b)
     return (fe.b.icmp_signed if kind == "i" else fe.b.icmp_unsigned)(sym, a, b)
-
-
-def _sigmoid(fe, x):
-    """``1 / (1 + e^-x)`` for x >= 0 and ``e^x / (1 + e^x)`` below (no overflow:
-    tiny results keep their precision down to the subnormals).  float32: the
-    inline code of ``fast_math.py``."""
-    if _element(x.type) == VALUE_TYPE["float32"]:
-        return fe.math("sigmoid", [x])
-    one = ir.Constant(x.type, 1.0)
-    e = fe.math("exp", [fe.b.fneg(fe.math("abs", [x]))])
-    top = fe.b.select(fe.b.fcmp_ordered(">=", x, ir.Constant(x.type, 0.0)), one, e)
-    return fe.b.fdiv(top, fe.b.fadd(one, e, flags=("contract",)), flags=("contract",))
-
-
-def _int_abs(fe, x):
-    fn = fe.intrinsic(f"llvm.abs.{_mangle(x.type)}", x.type, [x.type, I1])
-    return fe.b.call(fn, [x, ir.Constant(I1, 0)])
-
-
-_UNARY = {
-    ("neg", "f"): lambda fe, x: fe.b.fneg(x, flags=FAST),
-    ("neg", "i"): lambda fe, x: fe.b.sub(ir.Constant(x.type, 0), x),
-    ("abs", "i"): _int_abs,
-    ("sigmoid", "f"): _sigmoid,
-    **{(op, "f"): (lambda op: lambda fe, x: fe.math(op, [x]))(op)
-       for op in ("exp", "log", "log1p", "sqrt", "tanh", "sin", "cos", "abs")},
-}
 
 
 def _cast_int_float(fe, x, to):
@@ -289,10 +281,10 @@ def _unbound(fe, e, vals):
 _EXPR = {
     Const: _const,
     Var: _unbound,
-    BinOp: lambda fe, e, v: _BINOP[(e.op, _kind(e.dtype))](fe, v[0], v[1]),
+    BinOp: lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v),
     Cmp: lambda fe, e, v: _cmp(fe, e, v[0], v[1]),
     Logic: _logic,
-    Unary: lambda fe, e, v: _UNARY[(e.op, _kind(e.dtype))](fe, v[0]),
+    Unary: lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v),
     Select: lambda fe, e, v: fe.b.select(v[0], v[1], v[2]),
     Cast: lambda fe, e, v: _CAST[(_kind(e.a.dtype), _kind(e.to))](fe, v[0], _shaped(VALUE_TYPE[e.to], v[0])),
     BufLoad: lambda fe, e, v: fe.load(e, v[0]),
@@ -466,39 +458,44 @@ class _FunctionEmitter(_Emitter):
 
     # ------------------------------------------------------------ helpers
 
-    def fast_math(self, table, op, x):
-        """``table[op]`` on ``x``: inline code, or on vectors in a stage that
-        applies ``op`` more than ``INLINE_MATH_USES`` times, a call of one
-        copy per module (made at first use).  A register tile's epilogue
-        applies it to each of its vectors (an RNN step: 16 tanh), and as many
-        inline copies (~60 instructions and a branch each) would multiply
-        LLVM's work.  In a streaming loop a call is not free: with every use
-        a call, the elementwise benchmark kernel ran 1.5 times as long."""
-        if not isinstance(x.type, ir.VectorType) or self.math_uses[op] <= INLINE_MATH_USES:
-            return table[op](self, x)
-        name = f"te.{op}.{_mangle(x.type)}"
+    def fast_math(self, body, op, args):
+        """``body`` (of ``fast_math.py``) on ``args``: inline code, or on
+        vectors in a stage that applies ``op`` more than ``INLINE_MATH_USES``
+        times, a call of one copy per module (made at first use).  A
+        register tile's epilogue applies it to each of its vectors (an RNN
+        step: 16 tanh), and as many inline copies (~60 instructions and a
+        branch each) would multiply LLVM's work.  In a streaming loop a call
+        is not free: with every use a call, the elementwise benchmark kernel
+        ran 1.5 times as long."""
+        t = args[0].type
+        if not isinstance(t, ir.VectorType) or self.math_uses[op] <= INLINE_MATH_USES:
+            return body(self, *args)
+        name = f"te.{op}.{_mangle(t)}"
         fn = self.module.globals.get(name)
         if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), name=name)
+            fn = ir.Function(self.module, ir.FunctionType(t, [t] * len(args)), name=name)
             fn.linkage, fn.calling_convention = "internal", "fastcc"
             for attr in ("nounwind", "noinline"):
                 fn.attributes.add(attr)
             add_vector_attributes(fn, self.target)
-            body = _MathBody(self.module, self.target, fn)
-            body.b.ret(table[op](body, fn.args[0]))
-        return self.b.call(fn, [x], cconv="fastcc")
+            inner = _MathBody(self.module, self.target, fn)
+            inner.b.ret(body(inner, *fn.args))
+        return self.b.call(fn, list(args), cconv="fastcc")
 
     def math(self, op, args):
+        """The function ``op`` of ops.py on float ``args`` (all of one type):
+        the body of ``fast_math.py`` for its dtype, else the table's LLVM
+        intrinsic, else its libm function, called once per lane."""
         t = args[0].type
         scalar = _element(t)
-        if scalar == VALUE_TYPE["float32"] and op in FAST_MATH:
-            return self.fast_math(FAST_MATH, op, args[0])
-        if scalar == VALUE_TYPE["float64"] and op in FAST_MATH_F64:
-            return self.fast_math(FAST_MATH_F64, op, args[0])
-        if op in INTRINSICS:
-            return self.call_intrinsic(INTRINSICS[op], args)
-        fn = self.intrinsic(LIBM[op][0 if scalar == VALUE_TYPE["float32"] else 1], scalar,
-                            [scalar] * len(args))
+        dtype = "float32" if scalar == VALUE_TYPE["float32"] else "float64"
+        body = BODIES.get((op, dtype))
+        if body is not None:
+            return self.fast_math(body, op, args)
+        spec = OPS[op]
+        if spec.llvm is not None:
+            return self.call_intrinsic(spec.llvm, args)
+        fn = self.intrinsic(spec.libm[dtype == "float64"], scalar, [scalar] * len(args))
         if not isinstance(t, ir.VectorType):
             return self.b.call(fn, args)
         out = ir.Constant(t, ir.Undefined)          # libm has no vector entry: one call per lane
@@ -616,7 +613,6 @@ class _FunctionEmitter(_Emitter):
         value = self.splat(value)
         if self.mask is not None:
             value = self.b.select(self.mask, value, self.splat(self.expr(e.identity)))
-        rule = _BINOP[(e.op, _kind(e.dtype))]
         width = value.type.count
         while width > 1:
             width //= 2
@@ -624,7 +620,7 @@ class _FunctionEmitter(_Emitter):
             halves = [self.b.shuffle_vector(value, undef, ir.Constant(ir.VectorType(I32, width),
                                                                        list(range(k, k + width))))
                       for k in (0, width)]
-            value = rule(self, *halves)
+            value = _operator(self, e.op, _kind(e.dtype), halves)
         return self.b.extract_element(value, ir.Constant(I32, 0))
 
     def _lookup(self, e, local_memo):
@@ -1120,7 +1116,7 @@ def emit_modules(program: Program, groups: list, target: Target, data_layout: st
 # Zen 3 a character is ~14 us at -O3.
 GROUP_TEXT, MATH_TEXT = 1_000, 600
 PART_TEXT = 10_000      # weight worth an LLVM process of its own: ~0.15 s of LLVM time
-_MATH_CALL = re.compile(r"\b(" + "|".join(FAST_MATH) + r")\(")
+_MATH_CALL = re.compile(r"\b(" + "|".join(sorted({op for op, _ in BODIES})) + r")\(")
 
 
 def compile_weight(text: str) -> int:

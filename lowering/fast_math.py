@@ -286,8 +286,6 @@ def sigmoid_f32(fe, x):
     return o.div(o.b.select(below, e, o.f(1.0)), o.add(e, o.f(1.0)))
 
 
-FAST_MATH = {"exp": exp_f32, "log": log_f32, "log1p": log1p_f32, "tanh": tanh_f32,
-             "sigmoid": sigmoid_f32}
 
 
 # ------------------------------------------------------------------ float64
@@ -370,4 +368,48 @@ def exp_f64(fe, x):
     return b.select(o.isnan(x), x, y)
 
 
-FAST_MATH_F64 = {"exp": exp_f64, "log": log_f64, "log1p": log1p_f64}
+def sigmoid_f64(fe, x):
+    """``1 / (1 + e^-x)`` for x >= 0 and ``e^x / (1 + e^x)`` below (no overflow:
+    tiny results keep their precision down to the subnormals)."""
+    o = _Ops64(fe, x)
+    one = o.f(1.0)
+    e = exp_f64(fe, o.b.fneg(o.call("llvm.fabs", x)))
+    top = o.b.select(o.b.fcmp_ordered(">=", x, o.f(0.0)), one, e)
+    return o.div(top, o.add(one, e))
+
+
+# ------------------------------------------------------ either float dtype
+
+
+def _ops_of(fe, x):
+    return (_Ops if _element_type(x) == F32 else _Ops64)(fe, x)
+
+
+def _element_type(x):
+    return x.type.element if isinstance(x.type, ir.VectorType) else x.type
+
+
+def rsqrt(fe, x):
+    """``1 / sqrt(x)``, two correctly rounded steps (within one ulp; no
+    approximate reciprocal)."""
+    o = _ops_of(fe, x)
+    return o.b.fdiv(o.f(1.0), o.call("llvm.sqrt", x))
+
+
+def sign(fe, x):
+    """-1, 1, or ``x + 0`` (+0 for either zero, as numpy; NaN stays NaN)."""
+    o = _ops_of(fe, x)
+    b = o.b
+    return b.select(b.fcmp_ordered(">", x, o.f(0.0)), o.f(1.0),
+                    b.select(b.fcmp_ordered("<", x, o.f(0.0)), o.f(-1.0), o.add(x, o.f(0.0))))
+
+
+# The bodies by (operator of te_autodiff/ops.py, dtype): codegen_llvm uses
+# them in place of the operator's LLVM intrinsic or libm function.
+BODIES = {
+    ("exp", "float32"): exp_f32, ("log", "float32"): log_f32, ("log1p", "float32"): log1p_f32,
+    ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
+    ("exp", "float64"): exp_f64, ("log", "float64"): log_f64, ("log1p", "float64"): log1p_f64,
+    ("sigmoid", "float64"): sigmoid_f64,
+    **{(op, dtype): body for op, body in (("rsqrt", rsqrt), ("sign", sign)) for dtype in ("float32", "float64")},
+}

@@ -15,9 +15,9 @@ in a temporary buffer, inlined into its readers (recomputed at every read),
 or, for a reduction lifted out of a formula, computed in place where the
 formula reads it.  ``work`` is the number of arithmetic operations of one
 element, with the work of inlined producers added per read site; loads,
-casts, constants and index arithmetic are free; ``exp log log1p tanh sigmoid
-sin cos pow`` are transcendental (infinite work); a division or a square root
-counts 2, every other operation 1.
+casts, constants and index arithmetic are free; each operator weighs its
+``work`` in the operator table (``te_autodiff/ops.py``): transcendental
+functions infinite, a division or a square root 2, every other operation 1.
 
 ===========================================  ==================================
 tensor                                       default
@@ -83,6 +83,7 @@ from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, Scan
                               maximum, minimum, mul, select, sub, var)
 from te_autodiff.graph import tensors_in_order
 from te_autodiff.lift import is_lifted_part
+from te_autodiff.ops import OPS
 from te_autodiff.sharing import normal_form, share
 from te_autodiff.tensor import Tensor
 from te_autodiff.visit import (children, eager_children, free_vars, is_leaf, rebuild, rewrite, substitute,
@@ -93,7 +94,6 @@ from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (LOOP_NEST_NODES, STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local,
                       Program, Stage, Store, TimeLoop, children as loop_children)
 
-TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"}
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
 CHEAP_WORK = 3              # inlined when not read inside a reduction
 PAD_STORE_READS = 16        # a padding select read this often per element inside reductions is stored
@@ -213,10 +213,8 @@ def _has_reduction(t) -> bool:
 
 def _op_work(n) -> float:
     """Arithmetic operations of one node (its children excluded)."""
-    if isinstance(n, Unary):
-        return math.inf if n.op in TRANSCENDENTAL else 2 if n.op == "sqrt" else 1
-    if isinstance(n, BinOp):
-        return math.inf if n.op == "pow" else 2 if n.op in ("div", "floordiv", "mod") else 1
+    if isinstance(n, (Unary, BinOp)):
+        return OPS[n.op].work
     if isinstance(n, (Select, Cmp, Logic)):
         return 1
     return 0                            # Const, Var, Load, Cast

@@ -60,6 +60,8 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 import numpy as np
 
+from te_autodiff.ops import is_transcendental
+
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
 from . import llvm_process
@@ -280,9 +282,6 @@ _WORK = {
 }
 
 
-_EXPENSIVE = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "pow"}
-
-
 def _work(stmt) -> int:
     """Estimated cost of a statement: innermost iterations (unknown extents
     count 16) times :func:`_ops` of each statement."""
@@ -300,7 +299,7 @@ def _ops(stmt) -> int:
             continue
         seen.add(id(e))
         if e.dtype.startswith("float"):
-            total += 64 if getattr(e, "op", None) in _EXPENSIVE else 4 if hasattr(e, "buffer") else 1
+            total += 64 if is_transcendental(getattr(e, "op", None)) else 4 if hasattr(e, "buffer") else 1
         stack += children(e)
     return max(1, total // 4)
 

@@ -4,9 +4,10 @@ Used as ``import te_autodiff as te``; the names below are the public contract
 fixed by SPEC.md.
 """
 from .dtype import DTYPES
-from .expr import (Expr, Var, all_ as all, any_ as any, equal, literal as const, logic_not as not_,
-                   maximum, minimum, not_equal, power, select, select as if_then_else)
-from .intrinsics import abs, cos, exp, log, log1p, sigmoid, sin, sqrt, tanh
+from .expr import (Expr, Var, all_ as all, any_ as any, equal, literal as const, logic_not as not_, not_equal,
+                   select, select as if_then_else)
+from . import intrinsics
+from .intrinsics import *  # noqa: F401,F403 - te.exp ... te.clip, te.power: one per operator of ops.py
 from .tensor import Tensor, compute, max, min, placeholder, prod, reduce_axis, sum
 from .gradient import gradient
 from .jacobian import jacobian
@@ -38,7 +39,7 @@ def target(name=None):
 
 __all__ = [
     "DTYPES", "Expr", "Var", "Tensor", "placeholder", "compute", "reduce_axis", "sum", "max", "min",
-    "prod", "const", "equal", "not_equal", "all", "any", "not_", "if_then_else", "select", "maximum",
-    "minimum", "power", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos", "abs",
+    "prod", "const", "equal", "not_equal", "all", "any", "not_", "if_then_else", "select",
+    *intrinsics.__all__,
     "scan", "gradient", "jacobian", "pretty", "check_gradient", "build", "cost", "target",
 ]

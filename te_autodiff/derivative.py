@@ -22,8 +22,9 @@ from collections import Counter
 from math import prod
 
 from . import dtype as dt
-from .expr import (BinOp, Cast, Const, Load, Reduce, Select, Unary, all_, cast, compare, const, floordiv,
-                   is_const, logic_and, logic_not, logic_or, power, select, unary)
+from .expr import (BinOp, Cast, Const, Load, Reduce, Select, Unary, all_, cast, compare, const, is_const,
+                   logic_and, logic_not, select)
+from .ops import OPS
 from .visit import children, conjuncts, topo_order
 
 
@@ -36,52 +37,10 @@ def _pick(cond, g):
     return select(cond, g, _zero(g))
 
 
-def _binop_rules():
-    def mod_b(e, g):
-        # a mod b = a - floor(a / b) * b, so d/db = -floor(a / b)
-        return -g * floordiv(e.a, e.b)
-
-    def pow_a(e, g):
-        # b a^(b-1), and 0 where b == 0 (a^0 is constant; at a == 0 the
-        # formula gives 0 * inf): a constant b folds the condition away
-        return _pick(compare("ne", e.b, 0), g * e.b * power(e.a, e.b - 1))
-
-    def pow_b(e, g):
-        # a^b log(a), and 0 where a == 0 and b >= 0 (0^b is constant there;
-        # the formula gives 0 * -inf)
-        return _pick(logic_or(compare("ne", e.a, 0), compare("lt", e.b, 0)), g * e * unary("log", e.a))
-
-    return {
-        "add": lambda e, g: (g, g),
-        "sub": lambda e, g: (g, -g),
-        "mul": lambda e, g: (g * e.b, g * e.a),
-        "div": lambda e, g: (g / e.b, -g * e / e.b),
-        "max": lambda e, g: (_pick(compare("ge", e.a, e.b), g), _pick(compare("lt", e.a, e.b), g)),
-        "min": lambda e, g: (_pick(compare("le", e.a, e.b), g), _pick(compare("gt", e.a, e.b), g)),
-        "pow": lambda e, g: (pow_a(e, g), pow_b(e, g)),
-        "floordiv": lambda e, g: (_zero(g), _zero(g)),
-        "mod": lambda e, g: (g, mod_b(e, g)),
-    }
-
-
-_UNARY = {
-    "neg": lambda e, g: -g,
-    "abs": lambda e, g: select(compare("gt", e.a, 0), g, select(compare("lt", e.a, 0), -g, _zero(g))),
-    "exp": lambda e, g: g * e,
-    "log": lambda e, g: g / e.a,
-    "log1p": lambda e, g: g / (e.a + 1),
-    "sqrt": lambda e, g: g / (e * 2),
-    "tanh": lambda e, g: g * (1 - e * e),
-    "sigmoid": lambda e, g: g * (e * (1 - e)),
-    "sin": lambda e, g: g * unary("cos", e.a),
-    "cos": lambda e, g: -g * unary("sin", e.a),
-}
-
-_BINOP = _binop_rules()
-
+# each operator's rule is in the table (ops.py); the other node kinds' here
 RULES = {
-    BinOp: lambda e, g: _BINOP[e.op](e, g),
-    Unary: lambda e, g: (_UNARY[e.op](e, g),),
+    BinOp: lambda e, g: OPS[e.op].derivative(e, g),
+    Unary: lambda e, g: OPS[e.op].derivative(e, g),
     # the else branch's adjoint is a guard too (``select(not c, g, 0)``, not
     # ``select(c, 0, g)``): peeled, it stays outermost around the factors the
     # rules below multiply it with and around the head, so a non-finite value

@@ -169,7 +169,7 @@ class Var(Expr):
 
 
 class BinOp(Expr):
-    """``a op b`` for op in add sub mul div floordiv mod max min pow."""
+    """``a op b`` for the operators of two operands of ``ops.py`` (add sub mul div ... atan2)."""
 
     __slots__ = ("op", "a", "b")
     fields = ("op", "a", "b")
@@ -199,13 +199,13 @@ class Logic(Expr):
 
 
 class Unary(Expr):
-    """``op(a)`` for negation and the intrinsics (exp, log, tanh, ...)."""
+    """``op(a)`` for negation and the intrinsics of one operand of ``ops.py`` (exp, log, tanh, ...)."""
 
     __slots__ = ("op", "a")
     fields = ("op", "a")
 
     def _init(self):
-        keep = self.op in ("neg", "abs")
+        keep = _ops.OPS[self.op].keeps_dtype
         object.__setattr__(self, "dtype", self.a.dtype if keep else dt.float_of(self.a.dtype))
 
 
@@ -309,7 +309,6 @@ class ScanState(Expr):
 
 
 REDUCE_OPS = ("sum", "prod", "max", "min")
-UNARY_OPS = ("neg", "abs", "exp", "log", "log1p", "sqrt", "tanh", "sigmoid", "sin", "cos")
 
 
 # ---------------------------------------------------------------- constructors
@@ -378,30 +377,10 @@ def is_const(e, value=None) -> bool:
 
 
 def _fold(op, x, y):
-    if op == "add":
-        return x + y
-    if op == "sub":
-        return x - y
-    if op == "mul":
-        return x * y
-    if op in ("div", "floordiv", "mod") and y == 0:
+    try:
+        return _ops.OPS[op].fold(x, y)
+    except (ValueError, OverflowError, ZeroDivisionError):
         return None
-    if op == "div":
-        return x / y
-    if op == "floordiv":
-        return x // y
-    if op == "mod":
-        return x % y
-    if op == "max":
-        return max(x, y)
-    if op == "min":
-        return min(x, y)
-    if op == "pow":
-        try:
-            return x ** y if not (x == 0 and y < 0) else None
-        except (OverflowError, ZeroDivisionError):
-            return None
-    raise ValueError(op)
 
 
 def binop(op: str, a, b) -> Expr:
@@ -410,7 +389,7 @@ def binop(op: str, a, b) -> Expr:
     if op == "div" and not (dt.is_float(a.dtype) or dt.is_float(b.dtype)):
         raise TypeError(f"'/' is true division and needs a float operand (got {a.dtype} and {b.dtype}); "
                         "use '//' for integer division or .astype('float32')")
-    if op == "pow" and not (dt.is_float(a.dtype) or dt.is_float(b.dtype)):
+    if op in ("pow", "atan2") and not (dt.is_float(a.dtype) or dt.is_float(b.dtype)):
         a = cast(dt.DEFAULT_FLOAT, a)
     a, b = _unify(a, b)
     if isinstance(a, Const) and isinstance(b, Const):
@@ -514,30 +493,20 @@ def neg(a):
 
 
 def unary(op: str, a) -> Expr:
-    """An intrinsic ``op(a)``; ints are computed in float32."""
+    """An intrinsic ``op(a)``; ints are computed in float32 unless the
+    operator keeps its operand's dtype (``ops.py``)."""
     a = as_expr(a)
     if op == "neg":
         return neg(a)
     if a.dtype == "bool":
         raise TypeError(f"te.{op} needs a numeric argument, got a bool expression")
-    if op != "abs":
+    if not _ops.OPS[op].keeps_dtype:
         a = cast(dt.float_of(a.dtype), a)
     if isinstance(a, Const):
-        value = _fold_unary(op, a.value)
+        value = _ops.OPS[op].fold(a.value)
         if value is not None:
             return const(value, a.dtype)
     return Unary(op, a)
-
-
-def _fold_unary(op, x):
-    try:
-        return {
-            "abs": abs, "exp": math.exp, "log": math.log, "log1p": math.log1p, "sqrt": math.sqrt,
-            "tanh": math.tanh, "sin": math.sin, "cos": math.cos,
-            "sigmoid": lambda v: 1.0 / (1.0 + math.exp(-v)),
-        }[op](x)
-    except (ValueError, OverflowError):
-        return None
 
 
 def compare(op: str, a, b) -> Expr:
@@ -673,3 +642,6 @@ def identity_of(op: str, dtype: str):
     if op == "min":
         return math.inf if dt.is_float(dtype) else (2**31 - 1 if dtype == "int32" else 2**63 - 1)
     raise ValueError(f"unknown reduction {op!r}")
+
+
+from . import ops as _ops      # noqa: E402  (the table reads this module's constructors)

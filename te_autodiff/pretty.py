@@ -9,16 +9,15 @@ from __future__ import annotations
 from . import dtype as dt
 from .expr import (BinOp, Cast, Cmp, Const, Expr, InverseIndex, Load, Logic, MatchSum, Reduce, ScanState, Select,
                    Unary, Var)
+from .ops import OPS
 from .visit import children, topo_order, trampoline
 
-_INFIX = {"add": ("+", 1), "sub": ("-", 1), "mul": ("*", 2), "div": ("/", 2),
-          "floordiv": ("//", 2), "mod": ("%", 2)}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 def _binop(e):
-    if e.op in _INFIX:
-        sym, p = _INFIX[e.op]
+    if OPS[e.op].infix:
+        sym, p = OPS[e.op].infix
         a = yield e.a, p
         b = yield e.b, p + 1
         return f"{a} {sym} {b}", p

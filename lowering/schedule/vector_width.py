@@ -25,7 +25,7 @@ import numpy as np
 from te_autodiff.expr import Const, Unary, Var
 from te_autodiff.visit import topo_order
 
-from ..fast_math import FAST_MATH, FAST_MATH_F64
+from ..fast_math import BODIES
 from ..loop_ir import Alloc, Assign, Block, For, children, stmt_exprs, stride, walk
 from .blocking import Blocking
 
@@ -113,13 +113,12 @@ def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
 def math_depth(body) -> int:
     """The most functions of ``fast_math.py`` one value of ``body`` passes
     through in turn (a local carries the depth of what it was given)."""
-    math = set(FAST_MATH) | set(FAST_MATH_F64)
     depth = {}
     for x in walk(body):
         for e in topo_order(stmt_exprs(x), children):
             if e not in depth:
                 depth[e] = max((depth[k] for k in children(e)), default=0) + \
-                    (isinstance(e, Unary) and e.op in math)
+                    (isinstance(e, Unary) and (e.op, e.dtype) in BODIES)
         if isinstance(x, (Alloc, Assign)) and stmt_exprs(x):
             depth[x.local] = depth[stmt_exprs(x)[0]]
     return max(depth.values(), default=0)
