@@ -378,6 +378,21 @@ class _Emitter:
         t = args[0].type
         return self.b.call(self.intrinsic(f"{base}.{_mangle(t)}", t, [a.type for a in args]), list(args))
 
+    def libm(self, name, args):
+        """The C function ``name`` on ``args``: one call per lane of a vector
+        (libm has no vector entry)."""
+        t = args[0].type
+        scalar = _element(t)
+        fn = self.intrinsic(name, scalar, [scalar] * len(args))
+        if not isinstance(t, ir.VectorType):
+            return self.b.call(fn, args)
+        out = ir.Constant(t, ir.Undefined)
+        for k in range(t.count):
+            lane = ir.Constant(I32, k)
+            out = self.b.insert_element(
+                out, self.b.call(fn, [self.b.extract_element(a, lane) for a in args]), lane)
+        return out
+
     def lanes_of(self, v, first, count):
         """Lanes ``first .. first + count - 1`` of vector ``v`` (``v`` itself when that is all of it)."""
         if first == 0 and count == v.type.count:
@@ -495,15 +510,7 @@ class _FunctionEmitter(_Emitter):
         spec = OPS[op]
         if spec.llvm is not None:
             return self.call_intrinsic(spec.llvm, args)
-        fn = self.intrinsic(spec.libm[dtype == "float64"], scalar, [scalar] * len(args))
-        if not isinstance(t, ir.VectorType):
-            return self.b.call(fn, args)
-        out = ir.Constant(t, ir.Undefined)          # libm has no vector entry: one call per lane
-        for k in range(t.count):
-            lane = ir.Constant(I32, k)
-            out = self.b.insert_element(
-                out, self.b.call(fn, [self.b.extract_element(a, lane) for a in args]), lane)
-        return out
+        return self.libm(spec.libm[dtype == "float64"], args)
 
     def splat(self, v, width=None):
         """``v`` as a vector of the current width (vectors pass through)."""

@@ -1,47 +1,52 @@
-"""Inline, vectorisable float32 implementations of exp, log, log1p, tanh and sigmoid.
+"""Inline, vectorisable bodies of the math functions of te's operator table.
 
 libm calls are opaque to LLVM: a loop that calls ``tanhf`` is not
 vectorised, and a ``<16 x float>`` call to ``llvm.exp`` becomes sixteen
-scalar calls.  These implementations are plain LLVM IR arithmetic on a
-float32 scalar or a ``<N x float>`` vector, so the same code serves scalar
-loops, the loop vectoriser and the explicit vector loops of ``schedule/``
-(and a value computes to the same bits on every path).
+scalar calls.  These bodies are plain LLVM IR arithmetic on a float scalar
+or a ``<N x T>`` vector, so the same code serves scalar loops, the loop
+vectoriser and the explicit vector loops of ``schedule/`` (and a value
+computes to the same bits on every path).  :data:`BODIES` registers them by
+(operator of ``te_autodiff/ops.py``, dtype); codegen_llvm uses one where it
+exists, else the operator's LLVM intrinsic or libm function.
 
-Algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from one fma,
-a two-part ln2 as in Cody-Waite), takes ``e^r = 1 + r H(r)`` from a degree-6
-minimax polynomial and scales by ``2^n`` with one rounding: vscalefps on
-AVX-512 vectors of a multiple of 16 lanes; elsewhere, where every lane's result
-is a normal float, ``n`` added to the exponent field (two integer operations,
-and ``x`` needs no clamp), else two power-of-two factors, so subnormal results
-round once, in a branch taken only by vectors with a lane out of that range.
-log (Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in
-``[sqrt(1/2), sqrt(2))`` and uses a degree-9 polynomial; log1p corrects
-``log(1 + x)`` for the rounding of ``1 + x``.  tanh uses an odd polynomial
-below 0.625 and ``1 - 2e / (1 + e)``, ``e = e^{-2|x|}``, above, with
-``2 / (1 + e)`` a polynomial in ``e`` (no division).  sigmoid divides once:
-``1 / (1 + e)`` or ``e / (1 + e)``, ``e = e^{-|x|}``.  Measured against float64
-numpy on all 2^32 float32 (tests/test_fast_math.py samples them) on a target
-with FMA (x86-64-v3 and later, every AArch64): exp 0.90 ulp, tanh 1.17,
-sigmoid 2.40 (at x = -4.157: the rounding of ``e`` counts twice where the
-result falls a binade below it); log at most 2 and log1p 3 ulp over ±1e38.
-numpy's float32 ``1 / (1 + exp(-x))`` reaches 2.97 ulp and PyTorch's and JAX's
-sigmoid 2.3 on the test's sweep where |x| < 80, and all three lose the result below -88.7, where
-``exp(-x)`` overflows.  One division costs less than the ten instructions of
-a division-free form (a polynomial for ``1 / (1 + e)`` refined by a Newton step,
-1.41 ulp): with it the elementwise benchmark kernel runs 0.66 ms against 0.78
-built for AVX2 and 0.43 against 0.49 for AVX-512 (both on an AMD EPYC Zen 4).  Without FMA
-(SSE targets such as x86-64-v2) the reduction's products round separately: exp
-reaches 1.09 ulp.
-0, -0, ±inf, nan, subnormal and huge arguments follow C99/numpy.
+float32 algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from
+one fma, a two-part ln2 as in Cody-Waite), takes ``e^r = 1 + r H(r)`` from a
+degree-6 minimax polynomial and scales by ``2^n`` with one rounding:
+vscalefps on AVX-512 vectors of a multiple of 16 lanes; elsewhere, where
+every lane's result is a normal float, ``n`` added to the exponent field
+(two integer operations, and ``x`` needs no clamp), else two power-of-two
+factors, so subnormal results round once, in a branch taken only by vectors
+with a lane out of that range; exp2 and expm1 share the reduction.  log
+(Cephes, Moshier) splits ``x = m 2^e`` with ``m`` in ``[sqrt(1/2),
+sqrt(2))`` and uses a degree-9 polynomial; log2, log10 and log1p build on
+it.  tanh uses an odd polynomial below 0.625 and ``1 - 2e / (1 + e)``, ``e =
+e^{-2|x|}``, above, with ``2 / (1 + e)`` a polynomial in ``e`` (no
+division).  sigmoid divides once: ``1 / (1 + e)`` or ``e / (1 + e)``, ``e =
+e^{-|x|}`` (one division costs less than a division-free form's Newton
+step).  erf is an odd polynomial below 1 and ``1 - e^(R - x²)`` above.
+sin, cos and tan reduce by pi/2 and evaluate their polynomials in float64
+(float32 needs no more), calling libm past 2^19.
+
+float64: exp, log and log1p follow fdlibm (their divisions stay: rcp14 and
+two Newton steps measured slower), log2 and log10 fdlibm's split of
+``log(1 + f)`` into a 32-bit head and a tail; exp2 is a polynomial in the
+fraction; tanh, erf, sin, cos and tan follow their float32 forms with longer
+polynomials.
+
+Polynomials not from fdlibm or Cephes were fitted to the relative error
+(weighted least squares at Chebyshev nodes in mpmath, reweighted toward the
+minimax).  tests/test_fast_math.py and tests/test_ops.py state the bound of
+each function.  0, -0, ±inf, nan, subnormal and huge arguments follow
+C99/numpy.
 
 No fast-math flags other than ``contract`` are used: reassociation would
-undo the Cody-Waite reduction.  float64 exp, log and log1p (fdlibm) are at
-the end (their divisions stay: rcp14 and two Newton steps measured slower);
-float64 tanh calls libm and float64 sigmoid divides (``codegen_llvm._sigmoid``).
+undo the Cody-Waite reductions.
 """
 from __future__ import annotations
 
 from llvmlite import ir
+
+from te_autodiff.ops import OPS
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
@@ -50,6 +55,8 @@ FLAGS = ("contract",)
 
 class _Ops:
     """Scalar-or-vector arithmetic on one IR builder, constants splatted to the operand shape."""
+
+    int_type = I32          # the integers of the float type's width
 
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
@@ -148,7 +155,16 @@ def _ldexp_normal(o, p, t):
     return b.bitcast(bits, o.t(F32))
 
 
-def _exp(o, x, normal, clamp):
+def _exp2_reduce(o, x):
+    """``x = n + f``, ``|f| <= 1/2`` (``t = n + 1.5 2^23`` as in
+    :func:`_exp_reduce`), ``2^x = 2^n e^r`` with ``r = f ln2``."""
+    t = o.add(x, o.f(_ROUND))
+    n = o.sub(t, o.f(_ROUND))
+    r = o.mul(o.sub(x, n), o.f(0.6931471805599453))
+    return t, n, r, o.horner(r, _EXPM1_POLY)
+
+
+def _exp(o, x, normal, clamp, reduce=_exp_reduce):
     """``e^x``, ``x`` clamped by ``clamp`` where that leaves the result unchanged.
     Vectors without vscalefps whose lanes all satisfy ``normal()`` (``e^x`` a
     normal float) skip the clamp and scale by :func:`_ldexp_normal`; other
@@ -156,11 +172,11 @@ def _exp(o, x, normal, clamp):
     :func:`_ldexp`, NaN passing through.  Both give the same bits where
     ``normal()`` holds."""
     def scaled():
-        _, n, r, h = _exp_reduce(o, clamp(x))
+        _, n, r, h = reduce(o, clamp(x))
         return _nan_through(o, x, _ldexp(o, o.add(o.mul(r, h), o.f(1.0)), n))
     if o.n is None or o.scalef:
         return scaled()
-    t, _, r, h = _exp_reduce(o, x)
+    t, _, r, h = reduce(o, x)
     return _unless_all(o, normal(), _ldexp_normal(o, o.add(o.mul(r, h), o.f(1.0)), t), scaled)
 
 
@@ -176,15 +192,25 @@ def exp_f32(fe, x):
                 lambda v: o.call("llvm.minimum", o.call("llvm.maximum", v, o.f(-104.0)), o.f(88.8)))
 
 
+def exp2_f32(fe, x):
+    o = _Ops(fe, x)
+    # |x| < 125: n in [-125, 125], p in [0.70, 1.42] and p 2^n normal (NaN fails the test)
+    return _exp(o, x, lambda: o.lt(o.call("llvm.fabs", x), o.f(125.0)),
+                lambda v: o.call("llvm.minimum", o.call("llvm.maximum", v, o.f(-150.0)), o.f(128.0)),
+                _exp2_reduce)
+
+
 # ------------------------------------------------------------------------ log
 
+_LOG2E, _LOG10E = 1.4426950408889634, 0.4342944819032518
 _LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
              1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
              3.3333331174e-1)
 
 
-def log_f32(fe, x):
-    o = _Ops(fe, x)
+def _log_parts(o, x):
+    """``x = 2^e (1 + f)`` with ``1 + f`` in ``[sqrt(1/2), sqrt(2))`` (subnormals
+    scaled up first): ``(e, f, f², y)``, ``log(1 + f) = f - f²/2 + y``."""
     b = o.b
     tiny = o.lt(x, o.f(1.17549435e-38))                 # subnormal (or <= 0): scale up by 2^23
     xs = b.select(tiny, o.mul(x, o.f(8388608.0)), x)
@@ -197,14 +223,51 @@ def log_f32(fe, x):
     f = o.sub(b.select(low, o.add(m, m), m), o.f(1.0))
     z = o.mul(f, f)
     y = o.mul(o.mul(o.horner(f, _LOG_POLY), f), z)
-    fe_ = b.sitofp(e, o.t(F32))
-    y = o.add(y, o.mul(fe_, o.f(-2.12194440e-4)))
-    y = o.sub(y, o.mul(z, o.f(0.5)))
-    r = o.add(o.add(f, y), o.mul(fe_, o.f(0.693359375)))
+    return b.sitofp(e, o.t(F32)), f, z, y
+
+
+def _log_specials(o, x, r):
+    """``r`` (a logarithm of ``x``), with C99's values at +inf, ±0 and below 0 (NaN)."""
+    b = o.b
     inf = o.f(float("inf"))
     r = b.select(o.eq(x, inf), inf, r)
     r = b.select(o.eq(x, o.f(0.0)), o.f(float("-inf")), r)
     return b.select(b.fcmp_unordered("<", x, o.f(0.0)), o.f(float("nan")), r)   # x < 0 or nan
+
+
+def log_f32(fe, x):
+    o = _Ops(fe, x)
+    fe_, f, z, y = _log_parts(o, x)
+    y = o.add(y, o.mul(fe_, o.f(-2.12194440e-4)))
+    y = o.sub(y, o.mul(z, o.f(0.5)))
+    r = o.add(o.add(f, y), o.mul(fe_, o.f(0.693359375)))
+    return _log_specials(o, x, r)
+
+
+def log2_f32(fe, x):
+    """``e + log(1 + f) / ln 2``: exact at powers of two."""
+    o = _Ops(fe, x)
+    fe_, f, z, y = _log_parts(o, x)
+    y = o.sub(y, o.mul(z, o.f(0.5)))
+    return _log_specials(o, x, o.add(fe_, o.add(o.mul(f, o.f(_LOG2E)), o.mul(y, o.f(_LOG2E)))))
+
+
+def expm1_f32(fe, x):
+    """``2^n (1 + p) - 1`` (:func:`_expm1_scaled`), ``p = r H(r) = e^r - 1``
+    from :func:`_exp_reduce`; below -17.5 it rounds to -1."""
+    o = _Ops(fe, x)
+    _, n, r, h = _exp_reduce(o, o.call("llvm.minimum", o.call("llvm.maximum", x, o.f(-17.5)), o.f(88.8)))
+    return _expm1_scaled(o, x, n, o.mul(r, h), o.pow2)
+
+
+def log10_f32(fe, x):
+    """``e log10(2) + log(1 + f) / ln 10``, ``log10(2)`` in two parts (the
+    first of 12 bits: ``e`` times it is exact)."""
+    o = _Ops(fe, x)
+    fe_, f, z, y = _log_parts(o, x)
+    y = o.sub(y, o.mul(z, o.f(0.5)))
+    low = o.add(o.mul(fe_, o.f(4.605038981195214e-06)), o.add(o.mul(f, o.f(_LOG10E)), o.mul(y, o.f(_LOG10E))))
+    return _log_specials(o, x, o.add(o.mul(fe_, o.f(0.301025390625)), low))
 
 
 def log1p_f32(fe, x):
@@ -253,13 +316,15 @@ def tanh_f32(fe, x):
 
 
 def _unless_all(o, cond, value, compute):
-    """``value`` if ``cond`` holds in every lane, else ``compute()``, emitted in a
-    block that runs only then."""
+    """``value`` if ``cond`` holds in every lane (or for a scalar), else
+    ``compute()``, emitted in a block that runs only then."""
     b, fn = o.b, o.fe.fn
     entry = b.block
     run, done = fn.append_basic_block("fast_math.run"), fn.append_basic_block("fast_math.done")
-    reduce_and = o.fe.intrinsic(f"llvm.vector.reduce.and.v{o.n}i1", ir.IntType(1), [cond.type])
-    b.cbranch(b.call(reduce_and, [cond]), done, run)
+    if o.n is not None:
+        reduce_and = o.fe.intrinsic(f"llvm.vector.reduce.and.v{o.n}i1", ir.IntType(1), [cond.type])
+        cond = b.call(reduce_and, [cond])
+    b.cbranch(cond, done, run)
     b.position_at_end(run)
     computed = compute()
     run_end = b.block
@@ -269,6 +334,43 @@ def _unless_all(o, cond, value, compute):
     result.add_incoming(value, entry)
     result.add_incoming(computed, run_end)
     return result
+
+
+# ------------------------------------------------------------------------ erf
+
+# erf(x) = x + x S(x²) on |x| < 1, S fitted to erf(x)/x - 1 (0.13 ulp)
+_ERF_SMALL_F32 = (7.88876204751432e-05, -0.0008020732784643769, 0.005189523100852966, -0.026854438707232475,
+                  0.11283600330352783, -0.3761262595653534, 0.12837916612625122)
+# erf(x) = 1 - e^(R(|x| - 2.5) - x²) on [1, 4], R fitted to log(erfc(x)) + x² weighted by
+# erfc / erf (0.04 ulp of erf); from 3.92 on it rounds to 1
+_ERF_LARGE_F32 = (0.0001863299257820472, -0.00015227720723487437, 0.002464613178744912, -0.010712232440710068,
+                  0.05611623823642731, -0.3526941239833832, -1.556817889213562)
+
+
+def _erf(o, x, small_poly, clamp, exponent, exp):
+    """``x + x S(x²)`` below ``|x| = 1``, ``±(1 - exp(exponent(|x|)))`` above
+    (``|x|`` clamped at ``clamp``, where that rounds to 1); a vector whose
+    lanes are all below 1 skips the second formula."""
+    b = o.b
+    a = o.call("llvm.fabs", x)
+    small = o.add(o.mul(x, o.horner(o.mul(x, x), small_poly)), x)
+    is_small = b.fcmp_unordered("<", a, o.f(1.0))                       # NaN: small
+
+    def either():
+        large = o.sub(o.f(1.0), exp(exponent(o.call("llvm.minimum", a, o.f(clamp)))))
+        return b.select(is_small, small, o.call("llvm.copysign", large, x))
+    return either() if o.n is None else _unless_all(o, is_small, small, either)
+
+
+def erf_f32(fe, x):
+    """:func:`_erf` with the exponent ``R(|x| - 2.5) - x²`` (``x²`` in the fma)."""
+    o = _Ops(fe, x)
+
+    def exp(q):                         # q in [-18, -1.8]: e^q normal
+        t, _, r, h = _exp_reduce(o, q)
+        return _ldexp_normal(o, o.add(o.mul(r, h), o.f(1.0)), t)
+    return _erf(o, x, _ERF_SMALL_F32, 4.0,
+                lambda c: o.sub(o.horner(o.sub(c, o.f(2.5)), _ERF_LARGE_F32), o.mul(c, c)), exp)
 
 
 # -------------------------------------------------------------------- sigmoid
@@ -295,6 +397,7 @@ I64 = ir.IntType(64)
 
 
 class _Ops64(_Ops):
+    int_type = I64
     def f(self, v):
         return ir.Constant(self.t(F64), float(v))
 
@@ -309,8 +412,10 @@ _LG = (1.479819860511658591e-01, 1.531383769920937332e-01, 1.818357216161805012e
 _LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
 
 
-def log_f64(fe, x):
-    o = _Ops64(fe, x)
+def _log_parts_f64(o, x):
+    """``x = 2^k (1 + f)`` with ``1 + f`` in ``[sqrt(1/2), sqrt(2))`` (subnormals
+    scaled up first): ``(k, f, s, R, f²/2)``, ``s = f / (2 + f)``, where
+    ``log(1 + f) = f - (f²/2 - s (f²/2 + R))`` (fdlibm)."""
     b = o.b
     tiny = o.lt(x, o.f(2.2250738585072014e-308))          # subnormal (or <= 0): scale by 2^54
     xs = b.select(tiny, o.mul(x, o.f(18014398509481984.0)), x)
@@ -325,13 +430,47 @@ def log_f64(fe, x):
     z = o.mul(s, s)
     r = o.mul(z, o.horner(z, _LG))
     hfsq = o.mul(o.mul(o.f(0.5), f), f)
-    k = b.sitofp(e, o.t(F64))
+    return b.sitofp(e, o.t(F64)), f, s, r, hfsq
+
+
+def log_f64(fe, x):
+    o = _Ops64(fe, x)
+    k, f, s, r, hfsq = _log_parts_f64(o, x)
     y = o.sub(o.sub(hfsq, o.add(o.mul(s, o.add(hfsq, r)), o.mul(k, o.f(_LN2_LO)))), f)
-    y = o.sub(o.mul(k, o.f(_LN2_HI)), y)
-    inf = o.f(float("inf"))
-    y = b.select(o.eq(x, inf), inf, y)
-    y = b.select(o.eq(x, o.f(0.0)), o.f(float("-inf")), y)
-    return b.select(b.fcmp_unordered("<", x, o.f(0.0)), o.f(float("nan")), y)
+    return _log_specials(o, x, o.sub(o.mul(k, o.f(_LN2_HI)), y))
+
+
+# 1/ln2, 1/ln10 and log10(2) in two parts, the first of 32 bits
+_IVLN2 = (1.4426950407214463, 1.6751713164886512e-10)
+_IVLN10 = (0.4342944818781689, 2.5082946711645275e-11)
+_LOG10_2 = (0.3010299955494702, 1.1451100898021838e-10)
+
+
+def _log_base_f64(fe, x, inverse, k_part):
+    """``log(x) / log(base)`` as fdlibm's e_log2.c and e_log10.c: ``log(1 + f)
+    = hi + lo`` with ``hi`` of 32 bits, each part times ``inverse`` (1/log
+    base in two parts) and ``k_part(k) = (k log_base(2)`` in two parts)``
+    summed with the rounding of the largest sum carried."""
+    o = _Ops64(fe, x)
+    b = o.b
+    k, f, s, r, hfsq = _log_parts_f64(o, x)
+    hi = o.sub(f, hfsq)
+    hi = b.bitcast(b.and_(b.bitcast(hi, o.t(I64)), o.i(-(1 << 32))), o.t(F64))
+    lo = o.add(o.sub(o.sub(f, hi), hfsq), o.mul(s, o.add(hfsq, r)))
+    val_hi = o.mul(hi, o.f(inverse[0]))
+    kh, kl = k_part(o, k)
+    val_lo = o.add(kl, o.add(o.mul(o.add(lo, hi), o.f(inverse[1])), o.mul(lo, o.f(inverse[0]))))
+    w = o.add(kh, val_hi)
+    val_lo = o.add(val_lo, o.add(o.sub(kh, w), val_hi))
+    return _log_specials(o, x, o.add(val_lo, w))
+
+
+def log2_f64(fe, x):
+    return _log_base_f64(fe, x, _IVLN2, lambda o, k: (k, o.f(0.0)))
+
+
+def log10_f64(fe, x):
+    return _log_base_f64(fe, x, _IVLN10, lambda o, k: (o.mul(k, o.f(_LOG10_2[0])), o.mul(k, o.f(_LOG10_2[1]))))
 
 
 def log1p_f64(fe, x):
@@ -349,23 +488,98 @@ _EXP_P = (4.13813679705723846039e-08, -1.65339022054652515390e-06, 6.61375632143
           -2.77777777770155933842e-03, 1.66666666666666019037e-01)
 
 
-def exp_f64(fe, x):
-    o = _Ops64(fe, x)
-    b = o.b
-    xc = o.call("llvm.minnum", o.call("llvm.maxnum", x, o.f(-746.0)), o.f(710.0))
+def _exp_parts_f64(o, x, lo_clamp, hi_clamp):
+    """``x`` clamped, ``= n ln2 + r``, ``r = hi - lo`` (Cody-Waite), and
+    ``(n, e^r - 1 - r)``'s parts of fdlibm's ``e^r = 1 - ((lo - r c / (2 - c)) - hi)``:
+    returns ``(n, hi, lo - r c / (2 - c))``."""
+    xc = o.call("llvm.minnum", o.call("llvm.maxnum", x, o.f(lo_clamp)), o.f(hi_clamp))
     n = o.call("llvm.rint", o.mul(xc, o.f(1.44269504088896338700e+00)))
     hi = o.sub(xc, o.mul(n, o.f(6.93147180369123816490e-01)))
     lo = o.mul(n, o.f(1.90821492927058770002e-10))
     r = o.sub(hi, lo)
     z = o.mul(r, r)
     c = o.sub(r, o.mul(z, o.horner(z, _EXP_P)))
-    y = o.sub(o.f(1.0), o.sub(o.sub(lo, o.div(o.mul(r, c), o.sub(o.f(2.0), c))), hi))
-    ni = b.fptosi(n, o.t(I64))                          # in [-1077, 1025]
+    return n, hi, o.sub(lo, o.div(o.mul(r, c), o.sub(o.f(2.0), c)))
+
+
+def exp_f64(fe, x):
+    o = _Ops64(fe, x)
+    n, hi, low = _exp_parts_f64(o, x, -746.0, 710.0)
+    y = o.sub(o.f(1.0), o.sub(low, hi))
+    return o.b.select(o.isnan(x), x, _ldexp_f64(o, y, n))
+
+
+def _expm1_scaled(o, x, n, p, pow2):
+    """``e^x - 1 = 2^n (1 + p) - 1 = 2 (h p + (h - 1/2))``, ``h = 2^(n-1)``
+    (``pow2``, a normal float): one rounding but ``h - 1/2``'s, exact below
+    ``n = 25`` (float32) or 54 (float64), and no overflow before the result's.
+    Zeros keep their sign and NaN passes."""
+    h = pow2(o.b.sub(o.b.fptosi(n, o.t(o.int_type)), o.i(1)))
+    y = o.mul(o.add(o.mul(h, p), o.sub(h, o.f(0.5))), o.f(2.0))
+    y = o.b.select(o.eq(x, o.f(0.0)), x, y)
+    return o.b.select(o.isnan(x), x, y)
+
+
+def expm1_f64(fe, x):
+    """``2^n (1 + p) - 1`` (:func:`_expm1_scaled`), ``p = e^r - 1`` from
+    :func:`_exp_parts_f64`; below -40 it rounds to -1."""
+    o = _Ops64(fe, x)
+    n, hi, low = _exp_parts_f64(o, x, -40.0, 710.0)
+    return _expm1_scaled(o, x, n, o.sub(hi, low),
+                         lambda k: o.b.bitcast(o.b.shl(o.b.add(k, o.i(1023)), o.i(52)), o.t(F64)))
+
+
+def _ldexp_f64(o, y, n):
+    """``y 2^n`` for an integral ``n`` in [-1077, 1025], in three steps that
+    keep every factor normal (subnormal results round once, at the last)."""
+    b = o.b
+    ni = b.fptosi(n, o.t(I64))
     third = b.sdiv(ni, o.i(3))
     pow2 = [third, third, b.sub(ni, b.mul(third, o.i(2)))]
-    for p in pow2:                                      # three steps keep every factor normal
+    for p in pow2:
         y = o.mul(y, b.bitcast(b.shl(b.add(p, o.i(1023)), o.i(52)), o.t(F64)))
-    return b.select(o.isnan(x), x, y)
+    return y
+
+
+# 2^f = 1 + f P(f) on |f| <= 1/2, P fitted to (2^f - 1) / f (0.16 ulp)
+_EXP2_POLY_F64 = (2.562558308367793e-11, 4.456572031563515e-10, 7.054974357519296e-09, 1.0178051930741918e-07,
+                  1.3215486595250166e-06, 1.5252733854349019e-05, 0.00015403530393640272, 0.0013333558146392652,
+                  0.00961812910762833, 0.05550410866482169, 0.24022650695910072, 0.6931471805599453)
+
+
+def exp2_f64(fe, x):
+    """``2^n (1 + f P(f))``, ``n = rint(x)``, ``f = x - n`` exact."""
+    o = _Ops64(fe, x)
+    xc = o.call("llvm.minnum", o.call("llvm.maxnum", x, o.f(-1077.0)), o.f(1025.0))
+    n = o.call("llvm.rint", xc)
+    f = o.sub(xc, n)
+    y = o.add(o.mul(f, o.horner(f, _EXP2_POLY_F64)), o.f(1.0))
+    return o.b.select(o.isnan(x), x, _ldexp_f64(o, y, n))
+
+
+# tanh(x) = x + x z P(z), z = x², on |x| < 0.625: P fitted to (tanh(x)/x - 1) / z (0.1 ulp)
+_TANH_POLY_F64 = (-1.6072146196903783e-05, 7.7143442688397e-05, -0.00022856333763184513, 0.000586316071513646,
+                  -0.00145495872071445, 0.0035919891395966032, -0.008863220997778311, 0.021869487575655305,
+                  -0.05396825393124354, 0.13333333333262018, -0.33333333333332854)
+
+
+def tanh_f64(fe, x):
+    """An odd polynomial below ``|x| = 0.625``; above, ``±(1 - 2e / (1 + e))``
+    with ``e = e^{-2|x|}`` (:func:`exp_f64`; ``|x|`` clamped at 19.1, where
+    tanh rounds to 1).  A vector whose lanes are all below 0.625 skips the
+    second formula."""
+    o = _Ops64(fe, x)
+    b = o.b
+    a = o.call("llvm.fabs", x)
+    z = o.mul(x, x)
+    small = o.call("llvm.copysign", o.add(o.mul(o.mul(o.horner(z, _TANH_POLY_F64), z), x), x), x)   # -0
+    is_small = b.fcmp_unordered("<", a, o.f(0.625))                     # NaN: small
+
+    def either():
+        e = exp_f64(fe, o.mul(o.call("llvm.minnum", a, o.f(19.1)), o.f(-2.0)))
+        large = o.sub(o.f(1.0), o.div(o.add(e, e), o.add(e, o.f(1.0))))
+        return b.select(is_small, small, o.call("llvm.copysign", large, x))
+    return either() if o.n is None else _unless_all(o, is_small, small, either)
 
 
 def sigmoid_f64(fe, x):
@@ -404,12 +618,125 @@ def sign(fe, x):
                     b.select(b.fcmp_ordered("<", x, o.f(0.0)), o.f(-1.0), o.add(x, o.f(0.0))))
 
 
+# erf(x) = x + x S(x²) on |x| < 1, S fitted to erf(x)/x - 1 (0.14 ulp)
+_ERF_SMALL_F64 = (5.945465799045802e-11, -1.1365786815205475e-09, 1.465791111694408e-08, -1.6350029864833244e-07,
+                  1.646097325319762e-06, -1.4925593533899482e-05, 0.00012055331038012314, -0.0008548326978772278,
+                  0.00522397762478138, -0.026866170645072945, 0.11283791670954858, -0.3761263890318375,
+                  0.1283791670955126)
+# erf(x) = 1 - e^(R(|x| - c) - x²), R fitted to log(erfc(x)) + x² weighted by erfc / erf
+# on [1, 2.5] (c = 1.75, 0.2 ulp of erf) and [2.5, 6] (c = 4.25); from 5.92 on it rounds to 1
+_ERF_LARGE_F64 = (
+    (1.75, (9.814853039357577e-10, 2.4591566839285948e-09, -2.413196959403e-08, 1.1317758221838018e-07,
+            -4.0129696716418673e-07, 8.909405370347172e-07, 8.273367777019909e-07, -2.3741504503493816e-05,
+            0.00017452308956919052, -0.0009640986419330532, 0.004624930497494406, -0.020538840382078958,
+            0.09005983350328156, -0.4596109008134086, -1.2553635254332227)),
+    (4.25, (-1.724750255118313e-11, -1.4660774247018357e-10, -5.422852428689726e-10, -1.858301493741646e-09,
+            2.07476445461219e-09, -3.302966059728661e-08, 2.3017364530679667e-07, -1.6056251159612548e-06,
+            1.088031335393668e-05, -7.237942812596361e-05, 0.00048052875024174495, -0.0032637443399698247,
+            0.023915423584266876, -0.22377571552352404, -2.0452699014696445)))
+
+
+def erf_f64(fe, x):
+    """:func:`_erf` with the exponent's polynomial on two intervals (its
+    coefficients selected per lane: one evaluation)."""
+    o = _Ops64(fe, x)
+    b = o.b
+
+    def exponent(c):
+        (c0, near), (c1, far) = _ERF_LARGE_F64
+        first = o.lt(c, o.f(2.5))
+        u = o.sub(c, b.select(first, o.f(c0), o.f(c1)))
+        acc = o.f(0.0)
+        for p, q in zip(near, far):
+            acc = o.add(o.mul(acc, u), b.select(first, o.f(p), o.f(q)))
+        return o.sub(acc, o.mul(c, c))
+    return _erf(o, x, _ERF_SMALL_F64, 6.0, exponent, lambda q: exp_f64(fe, q))
+
+
+# -------------------------------------------------------------- sin, cos, tan
+
+# pi/2 in three parts of 33 bits (the last rounded): n times either of the
+# first two is exact for |n| < 2^20, so x - n pi/2 loses nothing to cancellation
+_PIO2 = (1.5707963267341256, 6.077100506303966e-11, 2.0222662487959506e-21)
+_TRIG_LIMIT = 2.0 ** 19          # past it, libm (its reduction by many bits of 2/pi)
+# sin r = r + r z S(z), cos r = 1 + z C(z), tan r = r + r z T(z), z = r², |r| <= pi/4;
+# fitted to relative errors of 5e-12, 7e-11, 1.3e-9 (float32 results) and 6e-18,
+# 4e-18, 3e-17 (float64)
+_TRIG_POLY = {
+    F32: {"S": (2.7181623936550795e-06, -0.0001983931657486431, 0.008333329317622895, -0.1666666664088714),
+          "C": (2.4383695976845793e-05, -0.001388668251648748, 0.041666620359237, -0.49999999694136565),
+          "T": (0.00437595115079932, 9.022668370732529e-05, 0.010835230527496962, 0.021282430754880264,
+                0.05405986517349146, 0.13332663835613115, 0.33333349736158685)},
+    F64: {"S": (-7.578541257606395e-13, 1.6058363186840588e-10, -2.5052104882056587e-08, 2.755731921406581e-06,
+                -0.000198412698412548, 0.008333333333333323, -0.16666666666666666),
+          "C": (-1.135328461351316e-11, 2.0875582190667113e-09, -2.755731311777162e-07, 2.4801587284096464e-05,
+                -0.0013888888888862003, 0.04166666666666647, -0.5),
+          "T": (2.085032700424552e-05, -4.482289483416383e-05, 8.93531168707497e-05, -2.6278382588656117e-05,
+                0.0001364491519033771, 0.00022241689984179498, 0.0005950521441688308, 0.0014547609657035675,
+                0.003592288586364297, 0.00886321921830106, 0.02186948960525005, 0.05396825392681744,
+                0.13333333333414338, 0.3333333333333278)},
+}
+
+
+def _trig(kind, fe, x):
+    """sin, cos or tan of ``x``: ``x = n pi/2 + r`` (:data:`_PIO2`, in float64
+    for either dtype: float32 needs no more than its polynomials in float64),
+    a polynomial in ``r`` chosen by the quadrant ``n mod 4``; lanes past
+    :data:`_TRIG_LIMIT` (and inf, NaN) call libm, in a branch only vectors
+    holding one take."""
+    scalar = _element_type(x)
+    poly = _TRIG_POLY[scalar]
+    xd = x if scalar == F64 else fe.b.fpext(x, _Ops64(fe, x).t(F64))
+    o = _Ops64(fe, xd)
+    b = o.b
+    n = o.call("llvm.rint", o.mul(xd, o.f(0.6366197723675814)))
+    r = o.sub(o.sub(o.sub(xd, o.mul(n, o.f(_PIO2[0]))), o.mul(n, o.f(_PIO2[1]))), o.mul(n, o.f(_PIO2[2])))
+    z = o.mul(r, r)
+    q = o.sub(n, o.mul(o.f(4.0), o.call("llvm.floor", o.mul(n, o.f(0.25)))))     # n mod 4, exact
+    odd = b.or_(o.eq(q, o.f(1.0)), o.eq(q, o.f(3.0)))
+    if kind == "tan":
+        t = o.add(o.mul(o.mul(r, z), o.horner(z, poly["T"])), r)
+        y = b.select(odd, o.div(o.f(-1.0), t), t)
+    else:
+        s = o.add(o.mul(o.mul(r, z), o.horner(z, poly["S"])), r)
+        c = o.add(o.mul(z, o.horner(z, poly["C"])), o.f(1.0))
+        second_half = b.fcmp_ordered(">=", q, o.f(2.0))
+        if kind == "sin":
+            y, flip = b.select(odd, c, s), second_half
+        else:
+            y, flip = b.select(odd, s, c), b.xor(odd, second_half)
+        y = b.select(flip, b.fneg(y), y)
+    y = y if scalar == F64 else b.fptrunc(y, _Ops(fe, x).t(F32))
+    if kind != "cos":           # x - n pi/2 is +0 at x = -0
+        y = b.select(b.fcmp_ordered("==", x, ir.Constant(x.type, None)), x, y)
+    ok = b.fcmp_ordered("<", fe.call_intrinsic("llvm.fabs", [x]), ir.Constant(x.type, _TRIG_LIMIT))
+    o = _ops_of(fe, x)
+    return _unless_all(o, ok, y, lambda: b.select(ok, y, fe.libm(OPS[kind].libm[scalar == F64], [x])))
+
+
+def sin(fe, x):
+    return _trig("sin", fe, x)
+
+
+def cos(fe, x):
+    return _trig("cos", fe, x)
+
+
+def tan(fe, x):
+    return _trig("tan", fe, x)
+
+
 # The bodies by (operator of te_autodiff/ops.py, dtype): codegen_llvm uses
 # them in place of the operator's LLVM intrinsic or libm function.
 BODIES = {
     ("exp", "float32"): exp_f32, ("log", "float32"): log_f32, ("log1p", "float32"): log1p_f32,
     ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
     ("exp", "float64"): exp_f64, ("log", "float64"): log_f64, ("log1p", "float64"): log1p_f64,
-    ("sigmoid", "float64"): sigmoid_f64,
+    ("sigmoid", "float64"): sigmoid_f64, ("tanh", "float64"): tanh_f64, ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64, ("exp2", "float32"): exp2_f32,
+    ("log2", "float32"): log2_f32, ("log10", "float32"): log10_f32, ("exp2", "float64"): exp2_f64,
+    ("log2", "float64"): log2_f64, ("log10", "float64"): log10_f64, ("expm1", "float32"): expm1_f32,
+    ("expm1", "float64"): expm1_f64,
+    **{(op, dtype): body for op, body in (("sin", sin), ("cos", cos), ("tan", tan))
+       for dtype in ("float32", "float64")},
     **{(op, dtype): body for op, body in (("rsqrt", rsqrt), ("sign", sign)) for dtype in ("float32", "float64")},
 }

@@ -210,9 +210,9 @@ _unary("erf", math.erf, lambda e, g: g * (_TWO_OVER_SQRT_PI * E.unary("exp", -(e
        libm=_libm("erf"))
 _unary("erfc", math.erfc, lambda e, g: g * (-_TWO_OVER_SQRT_PI * E.unary("exp", -(e.a * e.a))),
        "1 - erf(x), accurate where erf(x) is near 1.", work=TRANSCENDENTAL, libm=_libm("erfc"))
-_unary("sin", math.sin, lambda e, g: g * E.unary("cos", e.a), "Sine.", work=TRANSCENDENTAL, llvm="llvm.sin")
+_unary("sin", math.sin, lambda e, g: g * E.unary("cos", e.a), "Sine.", work=TRANSCENDENTAL, libm=_libm("sin"))
 _unary("cos", math.cos, lambda e, g: -g * E.unary("sin", e.a), "Cosine.", work=TRANSCENDENTAL,
-       llvm="llvm.cos")
+       libm=_libm("cos"))
 _unary("tan", math.tan, lambda e, g: g * (1 + e * e), "Tangent.", work=TRANSCENDENTAL, libm=_libm("tan"),
        domain=(-1.2, 1.2))
 _unary("atan", math.atan, lambda e, g: g / (1 + e.a * e.a), "Arctangent, in [-pi/2, pi/2].",
