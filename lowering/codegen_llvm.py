@@ -212,6 +212,44 @@ _INSTRUCTIONS = {
 }
 
 
+MULTIPLIED_POWERS = 16     # x ** n for a constant integer |n| up to this: multiplications, not pow
+
+
+def _power(fe, e, vals):
+    """``a ** b``: by multiplications where ``b`` is an integer, a constant
+    (:func:`_power_by_squaring`) or an integer expression converted to float
+    (``te.power(t, j)`` with ``j`` an index: :meth:`_FunctionEmitter.powi`),
+    else the pow body.  float32 multiplies in float64 (past ``x * x``): the
+    result rounds once."""
+    x, y = vals
+    n = e.b.value if isinstance(e.b, Const) else None
+    by_parts = n is not None and float(n).is_integer() and abs(n) <= MULTIPLIED_POWERS
+    if not (by_parts or isinstance(e.b, Cast) and dt.is_int(e.b.a.dtype)):
+        return fe.math("pow", vals)
+    exact = by_parts and abs(n) <= 2           # one rounding anyway
+    wide = x.type if exact or _element(x.type) == VALUE_TYPE["float64"] else _shaped(VALUE_TYPE["float64"], x)
+    xw = x if wide == x.type else fe.b.fpext(x, wide)
+    if by_parts:
+        out = _power_by_squaring(fe, xw, int(n))
+    else:
+        out = fe.powi(xw, _cast_float_int(fe, y, _shaped(I64, y)))
+    return out if wide == x.type else fe.b.fptrunc(out, x.type)
+
+
+def _power_by_squaring(fe, x, n):
+    """``x ** n`` for a constant integer ``n``: square-and-multiply over the
+    bits of ``|n|``, and ``1 / x ** |n|`` for a negative ``n``."""
+    acc, p, m = None, x, abs(n)
+    while m:
+        if m & 1:
+            acc = p if acc is None else fe.b.fmul(acc, p)
+        m >>= 1
+        if m:
+            p = fe.b.fmul(p, p)
+    acc = ir.Constant(x.type, 1.0) if acc is None else acc
+    return fe.b.fdiv(ir.Constant(x.type, 1.0), acc) if n < 0 else acc
+
+
 def _operator(fe, op: str, kind: str, args):
     """Operator ``op`` of ops.py on ``args`` of the kind of dtype ``kind``."""
     rule = _INSTRUCTIONS.get((op, kind))
@@ -281,7 +319,8 @@ def _unbound(fe, e, vals):
 _EXPR = {
     Const: _const,
     Var: _unbound,
-    BinOp: lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v),
+    BinOp: lambda fe, e, v: (_power if e.op == "pow" else
+                             lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v))(fe, e, v),
     Cmp: lambda fe, e, v: _cmp(fe, e, v[0], v[1]),
     Logic: _logic,
     Unary: lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v),
@@ -526,6 +565,28 @@ class _FunctionEmitter(_Emitter):
     def _reduce(self, op, v):
         t = v.type
         return self.b.call(self.intrinsic(f"llvm.vector.reduce.{op}.{_mangle(t)}", t.element, [t]), [v])
+
+    def powi(self, x, n):
+        """``x ** n`` for an int64 ``n`` (scalar or vector like ``x``):
+        square-and-multiply over the bits of ``|n|``, a loop that runs while
+        a lane has bits left; ``1 / x ** |n|`` where ``n < 0``."""
+        b, t = self.b, x.type
+        m = b.call(self.intrinsic(f"llvm.abs.{_mangle(n.type)}", n.type, [n.type, I1]), [n, ir.Constant(I1, 0)])
+        entry = b.block
+        loop, done = self.fn.append_basic_block("powi.loop"), self.fn.append_basic_block("powi.done")
+        b.branch(loop)
+        b.position_at_end(loop)
+        acc, p, k = b.phi(t), b.phi(t), b.phi(m.type)
+        acc2 = b.select(b.trunc(k, _shaped(I1, k)), b.fmul(acc, p), acc)
+        p2, k2 = b.fmul(p, p), b.lshr(k, ir.Constant(k.type, 1))
+        more = b.icmp_unsigned("!=", k2, ir.Constant(k.type, 0))
+        b.cbranch(self.any_lane(more) if isinstance(t, ir.VectorType) else more, loop, done)
+        for phi, first, then in ((acc, ir.Constant(t, 1.0), acc2), (p, x, p2), (k, m, k2)):
+            phi.add_incoming(first, entry)
+            phi.add_incoming(then, loop)
+        b.position_at_end(done)
+        negative = b.icmp_signed("<", n, ir.Constant(n.type, 0))
+        return b.select(negative, b.fdiv(ir.Constant(t, 1.0), acc2), acc2)
 
     def any_lane(self, mask):
         return self._reduce("or", mask)

@@ -726,6 +726,75 @@ def tan(fe, x):
     return _trig("tan", fe, x)
 
 
+# ------------------------------------------------------------------------ pow
+
+# log(1 + f) = 2 atanh(s) = 2s + s³ Q(s²), s = f / (2 + f), |s| <= 0.1716: Q fitted (0.5 ulp)
+_ATANH_POLY = (0.11882360307572185, 0.11688080910447018, 0.13335640712711014, 0.15384575081481836,
+               0.1818181859435781, 0.22222222219853488, 0.2857142857143538, 0.3999999999999999, 0.6666666666666666)
+
+
+def _log_dd_f64(o, a):
+    """``log(a)`` as a double-double ``(hi, lo)``, ``|lo| <= ulp(hi) / 2``, for
+    ``a >= 0`` (relative error near 2^-60; C99's logs of 0, inf, NaN with
+    ``lo = 0``): ``s`` and its
+    rounding error from an fma, ``k ln2`` exact in its head, sums of heads
+    exact (Fast2Sum)."""
+    k, f, s, _, _ = _log_parts_f64(o, a)
+    t_hi = o.add(o.f(2.0), f)
+    t_lo = o.sub(f, o.sub(t_hi, o.f(2.0)))
+    s_lo = o.div(o.sub(o.call("llvm.fma", o.b.fneg(s), t_hi, f), o.mul(s, t_lo)), t_hi)
+    z = o.mul(s, s)
+    tail = o.mul(o.mul(s, z), o.horner(z, _ATANH_POLY))
+    head = o.mul(k, o.f(_LN2_HI))
+    hi = o.b.fadd(head, o.add(s, s))                   # no contract: hi - head is its exact head
+    lo = o.add(o.sub(o.add(s, s), o.sub(hi, head)),
+               o.add(o.mul(k, o.f(_LN2_LO)), o.add(o.add(s_lo, s_lo), tail)))
+    total = o.b.fadd(hi, lo)                            # the tail (up to 2^-8 hi) moved into the head
+    lo = o.sub(lo, o.sub(total, hi))
+    finite = o.b.and_(o.lt(o.f(0.0), a), o.lt(a, o.f(float("inf"))))
+    return _log_specials(o, a, total), o.b.select(finite, lo, o.f(0.0))
+
+
+def _pow_specials(o, x, y, r):
+    """C99's pow from ``r = |x|^y`` computed as ``e^(y log|x|)``: the sign for
+    a negative ``x`` and an odd integer ``y``, NaN for a negative finite
+    ``x`` and a non-integer ``y``, 1 for ``y = ±0``, ``x = 1`` and ``x = -1``,
+    ``y = ±inf`` (the rest, zeros and infinities, follow from ``r``)."""
+    b = o.b
+    floor = o.call("llvm.floor", y)
+    is_int = o.eq(floor, y)                                            # ±inf: even integers
+    half = o.mul(y, o.f(0.5))
+    odd = b.and_(is_int, b.fcmp_ordered("!=", o.call("llvm.floor", half), half))
+    negative = b.icmp_signed("<", b.bitcast(x, o.t(o.int_type)), o.i(0))
+    r = b.select(b.and_(negative, odd), b.fneg(r), r)
+    finite_negative = b.and_(o.lt(x, o.f(0.0)), b.fcmp_ordered("!=", x, o.f(float("-inf"))))
+    r = b.select(b.and_(finite_negative, b.not_(is_int)), o.f(float("nan")), r)
+    one = b.or_(b.or_(o.eq(y, o.f(0.0)), o.eq(x, o.f(1.0))),
+                b.and_(o.eq(x, o.f(-1.0)), o.eq(o.call("llvm.fabs", y), o.f(float("inf")))))
+    return b.select(one, o.f(1.0), r)
+
+
+def pow_f64(fe, x, y):
+    """``e^(y log|x|)`` with ``log|x|`` a double-double (:func:`_log_dd_f64`) and
+    ``y log|x| = z + dz`` exact to its rounding (an fma): ``e^z (1 + dz)``."""
+    o = _Ops64(fe, x)
+    hi, lo = _log_dd_f64(o, o.call("llvm.fabs", x))
+    z = o.mul(y, hi)
+    dz = o.add(o.call("llvm.fma", y, hi, o.b.fneg(z)), o.mul(y, lo))
+    r = exp_f64(fe, z)
+    finite = o.lt(o.call("llvm.fabs", z), o.f(746.0))                 # inf, NaN: no correction
+    return _pow_specials(o, x, y, o.b.select(finite, o.call("llvm.fma", r, dz, r), r))
+
+
+def pow_f32(fe, x, y):
+    """``e^(y log|x|)`` in float64 (its rounding is far below float32's)."""
+    o64 = _Ops64(fe, x)
+    xd, yd = (fe.b.fpext(v, o64.t(F64)) for v in (x, y))
+    r = exp_f64(fe, o64.mul(yd, log_f64(fe, o64.call("llvm.fabs", xd))))
+    o = _Ops(fe, x)
+    return _pow_specials(o, x, y, fe.b.fptrunc(r, o.t(F32)))
+
+
 # The bodies by (operator of te_autodiff/ops.py, dtype): codegen_llvm uses
 # them in place of the operator's LLVM intrinsic or libm function.
 BODIES = {
@@ -735,7 +804,7 @@ BODIES = {
     ("sigmoid", "float64"): sigmoid_f64, ("tanh", "float64"): tanh_f64, ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64, ("exp2", "float32"): exp2_f32,
     ("log2", "float32"): log2_f32, ("log10", "float32"): log10_f32, ("exp2", "float64"): exp2_f64,
     ("log2", "float64"): log2_f64, ("log10", "float64"): log10_f64, ("expm1", "float32"): expm1_f32,
-    ("expm1", "float64"): expm1_f64,
+    ("expm1", "float64"): expm1_f64, ("pow", "float32"): pow_f32, ("pow", "float64"): pow_f64,
     **{(op, dtype): body for op, body in (("sin", sin), ("cos", cos), ("tan", tan))
        for dtype in ("float32", "float64")},
     **{(op, dtype): body for op, body in (("rsqrt", rsqrt), ("sign", sign)) for dtype in ("float32", "float64")},

@@ -27,6 +27,7 @@ import operator
 from dataclasses import dataclass
 from typing import Callable
 
+from . import dtype as dt
 from . import expr as E
 
 TRANSCENDENTAL = math.inf       # the work of a function computed by a polynomial body or libm
@@ -140,12 +141,20 @@ _op("min", 2, min, lambda e, g: (_pick(E.compare("le", e.a, e.b), g), _pick(E.co
     "The smaller of a and b (NaN if either is).", llvm="llvm.minimum", public="minimum")
 
 
+def _minus_one(b):
+    """``b - 1``, still an integer converted to float when ``b`` is one (the
+    power then lowers to multiplications)."""
+    if isinstance(b, E.Cast) and dt.is_int(b.a.dtype):
+        return E.cast(b.dtype, b.a - 1)
+    return b - 1
+
+
 def _pow_derivative(e, g):
     # da: b a^(b-1), and 0 where b == 0 (a^0 is constant; at a == 0 the
     # formula gives 0 * inf): a constant b folds the condition away.
     # db: a^b log(a), and 0 where a == 0 and b >= 0 (0^b is constant there;
     # the formula gives 0 * -inf)
-    da = _pick(E.compare("ne", e.b, 0), g * e.b * E.power(e.a, e.b - 1))
+    da = _pick(E.compare("ne", e.b, 0), g * e.b * E.power(e.a, _minus_one(e.b)))
     db = _pick(E.logic_or(E.compare("ne", e.a, 0), E.compare("lt", e.b, 0)), g * e * E.unary("log", e.a))
     return da, db
 
