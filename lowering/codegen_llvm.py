@@ -226,7 +226,7 @@ def _power(fe, e, vals):
     by_parts = n is not None and float(n).is_integer() and abs(n) <= MULTIPLIED_POWERS
     if not (by_parts or isinstance(e.b, Cast) and dt.is_int(e.b.a.dtype)):
         return fe.math("pow", vals)
-    exact = by_parts and abs(n) <= 2           # one rounding anyway
+    exact = by_parts and n in (-1, 2)          # one rounding anyway
     wide = x.type if exact or _element(x.type) == VALUE_TYPE["float64"] else _shaped(VALUE_TYPE["float64"], x)
     xw = x if wide == x.type else fe.b.fpext(x, wide)
     if by_parts:

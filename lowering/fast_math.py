@@ -637,20 +637,50 @@ _ERF_LARGE_F64 = (
 
 
 def erf_f64(fe, x):
-    """:func:`_erf` with the exponent's polynomial on two intervals (its
-    coefficients selected per lane: one evaluation)."""
+    """:func:`_erf` with the exponent's polynomial on two intervals."""
     o = _Ops64(fe, x)
-    b = o.b
 
-    def exponent(c):
-        (c0, near), (c1, far) = _ERF_LARGE_F64
-        first = o.lt(c, o.f(2.5))
-        u = o.sub(c, b.select(first, o.f(c0), o.f(c1)))
-        acc = o.f(0.0)
-        for p, q in zip(near, far):
-            acc = o.add(o.mul(acc, u), b.select(first, o.f(p), o.f(q)))
-        return o.sub(acc, o.mul(c, c))
-    return _erf(o, x, _ERF_SMALL_F64, 6.0, exponent, lambda q: exp_f64(fe, q))
+    return _erf(o, x, _ERF_SMALL_F64, 6.0, lambda c: o.sub(_two_intervals(o, c, 2.5, _ERF_LARGE_F64), o.mul(c, c)),
+                lambda q: exp_f64(fe, q))
+
+
+# erfc(x) = e^(R(x - c) - x²) on [0.5, 2.5] (c = 1.5) and [2.5, 10.1] (c = 6.3), R fitted
+# to log(erfc(x)) + x² (absolute errors 2^-32, 2^-33: float32 results)
+_ERFC_F32 = (
+    (1.5, (0.0,) * 4 + (-8.905421328106819e-07, 2.8874755651117805e-06, -2.566824067748971e-06,
+                        -2.298433425711285e-05, 0.00021591985336194027, -0.0012569949414077332,
+                        0.006006757443656125, -0.025824180001790636, 0.1073596683217895, -0.5088007998216155,
+                        -1.1344920895343586)),
+    (6.3, (4.6642519782585755e-14, -5.490927334138534e-13, 3.3094391761300996e-12, -2.832456346081243e-11,
+           2.917479100426007e-10, -2.6023906038709008e-09, 2.226794020961034e-08, -1.9183295824578104e-07,
+           1.6517363737945755e-06, -1.4286955007982695e-05, 0.00012593096285633758, -0.0011586510062997846,
+           0.011734062255472645, -0.1549618031478845, -2.4251381192721686)))
+
+
+def _two_intervals(o, x, split, table):
+    """``R(x - c)`` with the ``(c, coefficients)`` of ``table``'s first entry
+    below ``split``, of its second above: the coefficients selected per
+    lane, one evaluation."""
+    b = o.b
+    (c0, first), (c1, second) = table
+    below = o.lt(x, o.f(split))
+    u = o.sub(x, b.select(below, o.f(c0), o.f(c1)))
+    acc = o.f(0.0)
+    for p, q in zip(first, second):
+        acc = o.add(o.mul(acc, u), b.select(below, o.f(p), o.f(q)))
+    return acc
+
+
+def erfc_f32(fe, x):
+    """In float64: ``1 - erf(x)`` below 0.5, ``e^(R(x - c) - x²)`` above (``x``
+    clamped at 10.1, where erfc rounds to 0)."""
+    o = _Ops64(fe, x)
+    xd = fe.b.fpext(x, o.t(F64))
+    c = o.call("llvm.minimum", xd, o.f(10.1))
+    large = exp_f64(fe, o.sub(_two_intervals(o, c, 2.5, _ERFC_F32), o.mul(c, c)))
+    small = o.sub(o.f(1.0), erf_f64(fe, xd))
+    y = fe.b.select(fe.b.fcmp_unordered("<", xd, o.f(0.5)), small, large)
+    return fe.b.fptrunc(y, _Ops(fe, x).t(F32))
 
 
 # -------------------------------------------------------------- sin, cos, tan
@@ -795,16 +825,151 @@ def pow_f32(fe, x, y):
     return _pow_specials(o, x, y, fe.b.fptrunc(r, o.t(F32)))
 
 
+# --------------------------------------------------- atan, asin, acos, atan2
+
+# atan(u) = u + u z P(z), z = u², |u| <= tan(pi/8), and asin(t) = t + t z Q(z), |t| <= 1/2:
+# P, Q fitted (0.03, 0.02 ulp)
+_ATAN_POLY = (0.015194122520062218, -0.033472801452431596, 0.04503448233620992, -0.05218371371395289,
+              0.0587701527294822, -0.06666225932486654, 0.0769228269077093, -0.09090908140923966,
+              0.11111111088058731, -0.14285714285385737, 0.19999999999997647, -0.33333333333333326)
+_ASIN_POLY = (0.03262806507849634, -0.020998241091760676, 0.021706930383372264, 0.0037065878306725055,
+              0.01078021674805994, 0.011398915983837965, 0.0139808205254759, 0.017351611965775192,
+              0.022372214994165474, 0.03038194270735508, 0.04464285717462697, 0.07499999999970774,
+              0.1666666666666676)
+# pi, pi/2, pi/4 and 3pi/4 as a double and its rounding error
+_PI = (3.141592653589793, 1.2246467991473532e-16)
+_PI_2 = (1.5707963267948966, 6.123233995736766e-17)
+_PI_4 = (0.7853981633974483, 3.061616997868383e-17)
+
+
+def _odd(o, t, poly):
+    """``t + t z P(z)``, ``z = t²``."""
+    z = o.mul(t, t)
+    return o.add(o.mul(o.mul(t, z), o.horner(z, poly)), t)
+
+
+def _minus(o, c, v):
+    """``c - v`` for a constant ``c`` in two parts (:data:`_PI` ...)."""
+    return o.add(o.sub(o.f(c[0]), v), o.f(c[1]))
+
+
+def _atan_abs(o, a):
+    """``atan(a)`` for ``a >= 0`` or NaN: ``a`` past tan(3pi/8) as ``pi/2 +
+    atan(-1/a)``, past tan(pi/8) as ``pi/4 + atan((a - 1) / (a + 1))`` (fdlibm's
+    reduction, one division)."""
+    b = o.b
+    big = b.fcmp_ordered(">", a, o.f(2.414213562373095))
+    mid = b.fcmp_ordered(">", a, o.f(0.41421356237309503))
+    num = b.select(big, o.f(-1.0), b.select(mid, o.sub(a, o.f(1.0)), a))
+    den = b.select(big, a, b.select(mid, o.add(a, o.f(1.0)), o.f(1.0)))
+    t = _odd(o, o.div(num, den), _ATAN_POLY)
+    hi, lo = ((b.select(big, o.f(h), b.select(mid, o.f(q), o.f(0.0))))
+              for h, q in zip(_PI_2, _PI_4))
+    return o.add(hi, o.add(lo, t))
+
+
+def atan_f64(fe, x):
+    o = _Ops64(fe, x)
+    return o.call("llvm.copysign", _atan_abs(o, o.call("llvm.fabs", x)), x)
+
+
+def atan2_f64(fe, y, x):
+    """``atan(|y| / |x|)`` placed in its quadrant (``pi -`` it where ``x``'s sign
+    bit is set, ``y``'s sign); C99's values where both are zeros or both
+    infinities (the quotient's NaN)."""
+    o = _Ops64(fe, x)
+    b = o.b
+    ax, ay = o.call("llvm.fabs", x), o.call("llvm.fabs", y)
+    t = _atan_abs(o, o.div(ay, ax))
+    left = b.icmp_signed("<", b.bitcast(x, o.t(I64)), o.i(0))
+    r = b.select(left, _minus(o, _PI, t), t)
+    zeros = b.and_(o.eq(ax, o.f(0.0)), o.eq(ay, o.f(0.0)))
+    infinities = b.and_(o.eq(ax, o.f(float("inf"))), o.eq(ay, o.f(float("inf"))))
+    r = b.select(zeros, b.select(left, o.f(_PI[0]), o.f(0.0)), r)
+    r = b.select(infinities, b.select(left, o.f(3 * _PI_4[0]), o.f(_PI_4[0])), r)
+    return o.call("llvm.copysign", r, y)
+
+
+def asin_f64(fe, x):
+    """fdlibm's: the polynomial up to ``|x| = 1/2``, past it ``pi/2 - 2
+    asin(sqrt((1 - |x|) / 2))``."""
+    o = _Ops64(fe, x)
+    b = o.b
+    a = o.call("llvm.fabs", x)
+    big = b.fcmp_ordered(">", a, o.f(0.5))
+    p = _odd(o, b.select(big, o.call("llvm.sqrt", o.mul(o.sub(o.f(1.0), a), o.f(0.5))), a), _ASIN_POLY)
+    return o.call("llvm.copysign", b.select(big, _minus(o, _PI_2, o.add(p, p)), p), x)
+
+
+def acos_f64(fe, x):
+    """fdlibm's: ``pi/2 - asin(x)`` up to ``|x| = 1/2``, past it ``2 asin(s)``
+    or ``pi - 2 asin(s)``, ``s = sqrt((1 - |x|) / 2)``."""
+    o = _Ops64(fe, x)
+    b = o.b
+    a = o.call("llvm.fabs", x)
+    big = b.fcmp_ordered(">", a, o.f(0.5))
+    p = _odd(o, b.select(big, o.call("llvm.sqrt", o.mul(o.sub(o.f(1.0), a), o.f(0.5))), x), _ASIN_POLY)
+    twice = o.add(p, p)
+    far = b.select(o.lt(o.f(0.0), x), twice, _minus(o, _PI, twice))
+    return b.select(big, far, _minus(o, _PI_2, p))
+
+
+# ---------------------------------------------------------------- sinh, cosh
+
+# sinh(x) = x + x z P(z), z = x², on |x| < 1: P fitted (0.09 ulp)
+_SINH_POLY = (7.758748061919448e-13, 1.6057259797172566e-10, 2.505212313629696e-08, 2.755731915707498e-06,
+              0.00019841269841431862, 0.008333333333333148, 0.16666666666666669)
+
+
+def _hyperbolic(fe, x, combine):
+    """``combine(e^|x| / 2, e^-|x| / 2)`` where ``e^|x|`` is finite; past 709,
+    ``(e^(|x|/2) / 2) e^(|x|/2)`` (no overflow before the result's), in a
+    branch only vectors holding such a lane take."""
+    o = _Ops64(fe, x)
+    a = o.call("llvm.fabs", x)
+    half = o.mul(exp_f64(fe, a), o.f(0.5))
+    value = combine(o, half, o.div(o.f(0.25), half))
+    ok = o.b.fcmp_unordered("<", a, o.f(709.0))
+
+    def large():
+        h = exp_f64(fe, o.mul(a, o.f(0.5)))
+        return o.b.select(ok, value, o.mul(o.mul(h, o.f(0.5)), h))
+    return o, a, _unless_all(o, ok, value, large) if o.n is not None else large()
+
+
+def cosh_f64(fe, x):
+    return _hyperbolic(fe, x, lambda o, u, v: o.add(u, v))[2]
+
+
+def sinh_f64(fe, x):
+    """The polynomial below ``|x| = 1``, ``(e^|x| - e^-|x|) / 2`` above; ``x``'s sign."""
+    o, a, large = _hyperbolic(fe, x, lambda o, u, v: o.sub(u, v))
+    small = o.b.fcmp_unordered("<", a, o.f(1.0))
+    return o.call("llvm.copysign", o.b.select(small, _odd(o, a, _SINH_POLY), large), x)
+
+
+def _in_float64(body):
+    """A float32 body: ``body`` (a float64 one) on its arguments widened,
+    rounded once at the end."""
+    def narrow(fe, *args):
+        wide = [fe.b.fpext(a, _Ops64(fe, a).t(F64)) for a in args]
+        return fe.b.fptrunc(body(fe, *wide), _Ops(fe, args[0]).t(F32))
+    return narrow
+
+
 # The bodies by (operator of te_autodiff/ops.py, dtype): codegen_llvm uses
 # them in place of the operator's LLVM intrinsic or libm function.
 BODIES = {
     ("exp", "float32"): exp_f32, ("log", "float32"): log_f32, ("log1p", "float32"): log1p_f32,
     ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
     ("exp", "float64"): exp_f64, ("log", "float64"): log_f64, ("log1p", "float64"): log1p_f64,
-    ("sigmoid", "float64"): sigmoid_f64, ("tanh", "float64"): tanh_f64, ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64, ("exp2", "float32"): exp2_f32,
+    ("sigmoid", "float64"): sigmoid_f64, ("tanh", "float64"): tanh_f64, ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64, ("erfc", "float32"): erfc_f32, ("exp2", "float32"): exp2_f32,
     ("log2", "float32"): log2_f32, ("log10", "float32"): log10_f32, ("exp2", "float64"): exp2_f64,
     ("log2", "float64"): log2_f64, ("log10", "float64"): log10_f64, ("expm1", "float32"): expm1_f32,
     ("expm1", "float64"): expm1_f64, ("pow", "float32"): pow_f32, ("pow", "float64"): pow_f64,
+    **{(op, dtype): body if dtype == "float64" else _in_float64(body)
+       for op, body in (("atan", atan_f64), ("atan2", atan2_f64), ("asin", asin_f64), ("acos", acos_f64),
+                        ("sinh", sinh_f64), ("cosh", cosh_f64)) for dtype in ("float32", "float64")},
     **{(op, dtype): body for op, body in (("sin", sin), ("cos", cos), ("tan", tan))
        for dtype in ("float32", "float64")},
     **{(op, dtype): body for op, body in (("rsqrt", rsqrt), ("sign", sign)) for dtype in ("float32", "float64")},
