@@ -1,4 +1,4 @@
-"""te-autodiff benchmark suite: fourteen forward + backward kernels against numpy, JAX and PyTorch.
+"""te-autodiff benchmark suite: fifteen forward + backward kernels against numpy, JAX and PyTorch.
 
 Run it with ``python -m benchmarks``; see ``benchmarks/README.md``.
 """

@@ -1,4 +1,4 @@
-"""The fourteen benchmark kernels, each defined once as data.
+"""The fifteen benchmark kernels, each defined once as data.
 
 Every kernel computes a scalar loss and its gradients with respect to the
 inputs named in ``wrt``.  A kernel with an output tensor (``head=True``) uses
@@ -29,6 +29,7 @@ One :class:`Kernel` holds, for one program:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -687,6 +688,37 @@ def lstm_kernel(T: int = RT) -> Kernel:
         flops=3 * 2 * T * RB * 4 * RH * (RH + RI), limit="fma")
 
 
+# ---------------------------------------------------------------- 15. dense + bias + GELU (exact, erf)
+
+_ERF = np.vectorize(math.erf, otypes=[float])
+
+
+def _gelu_np(X, W, b, H):
+    Z = X @ W.T + b
+    cdf = 0.5 * (1 + _ERF(Z / math.sqrt(2)).astype(Z.dtype))
+    Y = Z * cdf
+    G = H * (cdf + Z * np.exp(-0.5 * Z * Z) / math.sqrt(2 * math.pi))
+    return np.vdot(Y, H), [G @ W, G.T @ X, G.sum(0)], Y
+
+
+def _gelu_te(te, P):
+    X, W, b = P["X"], P["W"], P["b"]
+    (n, d), m = X.shape, W.shape[0]
+    k = te.reduce_axis(d, "k")
+    Z = te.compute((n, m), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k) + b[j], name="Z")
+    return te.compute((n, m), lambda i, j: 0.5 * Z[i, j] * (1.0 + te.erf(Z[i, j] * math.sqrt(0.5))), name="Y")
+
+
+GELU = Kernel(
+    15, "gelu", "dense+bias+GELU (erf) 64×512→256", dict(X=(DN, DI), W=(DO, DI), b=(DO,), H=(DN, DO)),
+    ("X", "W", "b"),
+    make=DENSE.make, numpy=_gelu_np, te=_gelu_te,
+    jax=lambda m: lambda X, W, b, H: m.np.sum(m.nn.gelu(X @ W.T + b, approximate=False) * H),
+    torch=lambda m: lambda X, W, b, H: (m.nn.gelu(m.nn.linear(X, W, b)) * H).sum(),
+    flops=3 * 2 * DN * DI * DO, limit="fma")
+
+
 KERNELS = {k.id: k for k in (matmul_kernel(), DENSE, conv_kernel(), MAXPOOL, softmax_ce_kernel(), elementwise_kernel(),
-                             SEED, STENCIL, STRIDED, mlp_kernel(), EMBEDDING, GATHER, rnn_kernel(), lstm_kernel())}
+                             SEED, STENCIL, STRIDED, mlp_kernel(), EMBEDDING, GATHER, rnn_kernel(), lstm_kernel(),
+                             GELU)}
 STEPPED = {13: rnn_kernel, 14: lstm_kernel}      # the kernels over a number of time steps

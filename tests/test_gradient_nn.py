@@ -606,3 +606,29 @@ def test_kmeans_newton_direction_sums_each_centroids_own_points(rng, k):
     bound = n * np.finfo(np.float64).eps * magnitude        # a sum of n terms in any order
     assert np.all(np.abs(got_j - want_j) <= bound)
     np.testing.assert_array_equal(got_h, want_h)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_dense_layer_matches_torch(dtype):
+    """A dense layer with exact GELU, ``0.5 z (1 + erf(z / sqrt 2))``, and its
+    gradients with respect to X, W and b against torch.nn.functional.gelu
+    (approximate='none') and autograd on the same data; the tolerances are
+    a few ulp of the dtype times the sums' lengths."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(41)
+    n, d, m = 16, 48, 24
+    X, W, b, H = (rng.standard_normal(s).astype(dtype) for s in ((n, d), (m, d), (m,), (n, m)))
+    W *= d ** -0.5
+    PX, PW, Pb = te.placeholder((n, d), dtype, "X"), te.placeholder((m, d), dtype, "W"), te.placeholder((m,), dtype, "b")
+    k = te.reduce_axis(d, "k")
+    Z = te.compute((n, m), lambda i, j: te.sum(PX[i, k] * PW[j, k], axis=k) + Pb[j], name="Z")
+    Y = te.compute((n, m), lambda i, j: 0.5 * Z[i, j] * (1.0 + te.erf(Z[i, j] * float(np.sqrt(0.5)))), name="Y")
+    PH = te.placeholder((n, m), dtype, "H")
+    got = te.build([PX, PW, Pb, PH], [Y] + te.gradient(Y, [PX, PW, Pb], head=PH))(X, W, b, H)
+    tX, tW, tb = (torch.tensor(a, requires_grad=True) for a in (X, W, b))
+    tY = torch.nn.functional.gelu(torch.nn.functional.linear(tX, tW, tb), approximate="none")
+    want = [tY] + list(torch.autograd.grad(tY, [tX, tW, tb], torch.tensor(H)))
+    tol = 64 * np.finfo(dtype).eps
+    for g, w in zip(got, want):
+        w = w.detach().numpy()
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol * np.abs(w).max())

@@ -223,7 +223,7 @@ print(f"  numpy       {np_ms:7.3f} ms  ({flops / np_ms / 1e6:6.1f} GFLOP/s)")
 print("  (best of 30 calls; on a busy machine every timing is noisy)")
 
 # Step 7 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
-# -e .[bench]`) runs fourteen forward + backward kernels in te-autodiff, numpy,
+# -e .[bench]`) runs fifteen forward + backward kernels in te-autodiff, numpy,
 # JAX and PyTorch, each peer in its own process, and writes
 # benchmarks/<isa>/RESULTS.md, one report per instruction set (avx2,
 # avx512; the AVX2 one, measured on an AVX-512 machine, keeps the peers to
@@ -237,7 +237,7 @@ print("  (best of 30 calls; on a busy machine every timing is noisy)")
 #    "peer / te" (> 1: te-autodiff is faster), the compile time, whether the
 #    result matched the float64 reference ("ok"), and the rate as a fraction
 #    of the machine's limit ("te of limit");
-#  * the geometric mean of peer / te summarises the fourteen kernels.
+#  * the geometric mean of peer / te summarises the fifteen kernels.
 isa = {64: "avx512", 32: "avx2"}.get(here.vector_bytes, "sse") if here.x86 else "neon"
 results = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / isa / "RESULTS.md"
 print(f"\nStep 7: reading benchmarks/{isa}/RESULTS.md (the report for this machine's instruction set)")
