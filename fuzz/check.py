@@ -39,10 +39,11 @@ from .programs import generate
 
 RTOL, ATOL = 1e-8, 1e-10
 # features under which NaN/inf propagation is not defined alike in te and torch:
-# data-dependent choices (a comparison with NaN, max/min ties with NaN), floor
-# of inf, and derivatives that branch on the sign (abs: torch's sign(NaN) is NaN)
+# data-dependent choices (a comparison with NaN, max/min ties with NaN: clip
+# too), floor of inf, derivatives that branch on the sign (abs: torch's
+# sign(NaN) is NaN), and sign itself (torch's sign(NaN) is 0, numpy's and te's NaN)
 NONFINITE_UNDEFINED = {"select:data", "binary:max", "binary:min", "reduce:max", "reduce:min", "binary:fdiv",
-                       "binary:fmod", "unary:abs", "positive:abs", "data:segment"}
+                       "binary:fmod", "unary:abs", "positive:abs", "data:segment", "call:clip", "unary:sign"}
 
 
 def data(program, seed):

@@ -276,7 +276,13 @@ class Call(Expr):
         return f"te.{OPS[self.op].public}({', '.join(a.te(ctx.strict()) for a in self.args)})"
 
     def torch(self, ctx):
-        return f"torch.{self.op}({', '.join(a.torch(ctx.strict()) for a in self.args)})"
+        args = [a.torch(ctx.strict()) for a in self.args]
+        return TORCH_CALL[self.op](*args) if self.op in TORCH_CALL else f"torch.{self.op}({', '.join(args)})"
+
+
+# te's composites in torch, with te's tie rules (torch.clip's value takes its
+# first operand's shape and sends a tie's gradient to x)
+TORCH_CALL = {"clip": lambda x, lo, hi: f"minimum({hi}, maximum({lo}, {x}))"}
 
 
 # te spelling, torch spelling; an infix operator is written "(a OP b)"

@@ -13,12 +13,12 @@ Inline vector bodies are LLVM IR and live in ``lowering/fast_math.py``,
 registered there under the operator's name and dtype; an operator without
 one is computed by its ``llvm`` intrinsic or its ``libm`` function.
 
-Adding an operator is one :func:`_op` call below (and a vector body in
-``lowering/fast_math.py`` where the libm call would be slow).  A derivative
+Adding an operator is one :func:`_op` (or :func:`_unary`) call below (and a
+vector body in ``lowering/fast_math.py`` where the libm call would be slow).  A derivative
 rule ``derivative(e, g)`` returns one adjoint per operand (``None``: none)
 for the adjoint ``g`` of the node ``e``; rules that refer to ``e`` itself
-reuse the primal value (hash-consing shares it).  ``composite`` operators
-have no node of their own: they expand into others when built (``clip``).
+reuse the primal value (hash-consing shares it).  A composite operator
+(``expand``) has no node of its own: it is built from others (``clip``).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Op:
     * ``public``: the name of the ``te`` function (None: not a function, an
       operator such as ``+``); ``infix``: ``(symbol, precedence)`` for printing;
     * ``domain``: the operand interval the fuzzer draws from (the function
-      smooth and moderate there); ``step``: piecewise constant (derivative 0);
+      smooth and moderate there);
     * ``expand``: a composite's definition in other operators.
     """
     name: str
@@ -65,7 +65,6 @@ class Op:
     public: str | None = None
     infix: tuple | None = None
     domain: tuple = ANY
-    step: bool = False
     expand: Callable | None = None
 
     @property
@@ -88,14 +87,6 @@ def _libm(name):
 def _pick(cond, g):
     """``g`` where ``cond`` holds, else 0."""
     return E.select(cond, g, E.const(0, g.dtype))
-
-
-def _zero_derivative(e, g):
-    return (None,) * len(_operands(e))
-
-
-def _operands(e):
-    return (e.a,) if isinstance(e, E.Unary) else (e.a, e.b)
 
 
 def _safe(f):
@@ -130,7 +121,7 @@ _op("mul", 2, operator.mul, lambda e, g: (g * e.b, g * e.a), "a * b", infix=("*"
 _op("div", 2, operator.truediv, lambda e, g: (g / e.b, -g * e / e.b), "a / b (true division)",
     work=2, infix=("/", 2))
 _op("floordiv", 2, operator.floordiv, lambda e, g: (None, None), "a // b (floor, as numpy)",
-    work=2, infix=("//", 2), step=True)
+    work=2, infix=("//", 2))
 # a mod b = a - floor(a / b) * b, so d/db = -floor(a / b)
 _op("mod", 2, operator.mod, lambda e, g: (g, -g * E.floordiv(e.a, e.b)), "a % b (floor, as numpy)",
     work=2, infix=("%", 2))
@@ -180,7 +171,9 @@ _op("abs", 1, abs, lambda e, g: (E.select(E.compare("gt", e.a, 0), g,
 # ------------------------------------------------------------ intrinsics
 
 def _unary(name, fold, derivative, doc, **kw):
-    _op(name, 1, _safe(fold), (lambda e, g: (derivative(e, g),)) if derivative else _zero_derivative, doc,
+    """An operator of one operand; ``derivative(e, g)`` returns its one adjoint
+    (None: derivative 0)."""
+    _op(name, 1, _safe(fold), (lambda e, g: (derivative(e, g),)) if derivative else lambda e, g: (None,), doc,
         **kw)
 
 
@@ -230,15 +223,14 @@ _unary("asin", math.asin, lambda e, g: g / E.unary("sqrt", 1 - e.a * e.a), "Arcs
        work=TRANSCENDENTAL, libm=_libm("asin"), domain=(-0.9, 0.9))
 _unary("acos", math.acos, lambda e, g: -g / E.unary("sqrt", 1 - e.a * e.a), "Arccosine, in [0, pi].",
        work=TRANSCENDENTAL, libm=_libm("acos"), domain=(-0.9, 0.9))
-_unary("floor", lambda v: float(math.floor(v)), None, "The largest integer not above x.",
-       llvm="llvm.floor", step=True)
-_unary("ceil", lambda v: float(math.ceil(v)), None, "The smallest integer not below x.", llvm="llvm.ceil",
-       step=True)
-_unary("trunc", lambda v: float(math.trunc(v)), None, "x rounded toward zero.", llvm="llvm.trunc", step=True)
+# the rounding functions and sign: derivative 0 (no rule)
+_unary("floor", lambda v: float(math.floor(v)), None, "The largest integer not above x.", llvm="llvm.floor")
+_unary("ceil", lambda v: float(math.ceil(v)), None, "The smallest integer not below x.", llvm="llvm.ceil")
+_unary("trunc", lambda v: float(math.trunc(v)), None, "x rounded toward zero.", llvm="llvm.trunc")
 _unary("round", _round_half_even, None, "x rounded to the nearest integer, halves to even (as numpy).",
-       llvm="llvm.roundeven", step=True)
-_unary("sign", _sign, None, "-1, 0 or 1 by the sign of x (+0 for both zeros and NaN for NaN, as numpy; keeps the dtype).",
-       keeps_dtype=True, step=True)
+       llvm="llvm.roundeven")
+_unary("sign", _sign, None, "-1, 0 or 1 by the sign of x (+0 for both zeros, NaN for NaN, as numpy; keeps "
+       "the dtype).", keeps_dtype=True)
 
 
 def _clip(x, lo, hi):
@@ -260,19 +252,11 @@ def unary_names() -> list:
     return [op.name for op in OPS.values() if op.arity == 1]
 
 
-def binary_names() -> list:
-    return [op.name for op in OPS.values() if op.arity == 2]
-
-
 def is_transcendental(name) -> bool:
     """Whether the operator ``name`` is computed by a polynomial body or libm
     (False for names that are no operator: comparisons, reductions)."""
     op = OPS.get(name)
     return op is not None and op.transcendental
-
-
-def work(name) -> float:
-    return OPS[name].work
 
 
 def apply(name: str, *args):
