@@ -319,8 +319,7 @@ def _unbound(fe, e, vals):
 _EXPR = {
     Const: _const,
     Var: _unbound,
-    BinOp: lambda fe, e, v: (_power if e.op == "pow" else
-                             lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v))(fe, e, v),
+    BinOp: lambda fe, e, v: _power(fe, e, v) if e.op == "pow" else _operator(fe, e.op, _kind(e.dtype), v),
     Cmp: lambda fe, e, v: _cmp(fe, e, v[0], v[1]),
     Logic: _logic,
     Unary: lambda fe, e, v: _operator(fe, e.op, _kind(e.dtype), v),
@@ -496,7 +495,7 @@ class _FunctionEmitter(_Emitter):
             self.scopes[0][stage.step.var] = self.b.load(self.ptr[stage.step.counter], typ=I64)
         self.varies = {}           # node -> reads a local or a buffer this stage writes (may change)
         self.math_uses = Counter(e.op for t in walk(stage.body) for e in topo_order(stmt_exprs(t))
-                                 if isinstance(e, Unary))     # each statement emits its own
+                                 if isinstance(e, (Unary, BinOp)))     # each statement emits its own
         self.locals = {}
         self.local_type = {}
         self.access_group = None
