@@ -155,8 +155,10 @@ _op("pow", 2, _pow, _pow_derivative, "a ** b (float; C99's pow for the special c
 
 
 def _atan2_derivative(e, g):
+    # d/dy = x / (x² + y²), d/dx = -y / (x² + y²); 0 at the origin, as PyTorch's
     r = e.a * e.a + e.b * e.b
-    return g * e.b / r, -g * e.a / r
+    away = E.compare("ne", r, 0)
+    return _pick(away, g * e.b / r), _pick(away, -g * e.a / r)
 
 
 _op("atan2", 2, math.atan2, _atan2_derivative, "The angle of the point (x, y), in [-pi, pi]: atan2(y, x).",

@@ -116,6 +116,7 @@ def test_derivatives_match_closed_forms_and_finite_differences(name):
 
 
 def test_atan2_derivative_is_x_and_minus_y_over_the_squared_radius():
+    """And 0 at the origin (PyTorch's choice; the formula gives 0/0)."""
     rng = np.random.default_rng(14)
     y, x = rng.standard_normal((2, 50))
     Y, X = te.placeholder((50,), "float64", "y"), te.placeholder((50,), "float64", "x")
@@ -123,6 +124,8 @@ def test_atan2_derivative_is_x_and_minus_y_over_the_squared_radius():
     dy, dx = te.check_gradient(A, [Y, X], [y, x], rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(dy, x / (x * x + y * y), rtol=1e-14)
     np.testing.assert_allclose(dx, -y / (x * x + y * y), rtol=1e-14)
+    at_origin = te.build([Y, X], te.gradient(A, [Y, X]))(np.zeros(50), np.zeros(50))
+    np.testing.assert_array_equal(at_origin, 0.0)                  # PyTorch's subgradient, not 0/0
 
 
 @pytest.mark.parametrize("name", ["floor", "ceil", "trunc", "round", "sign"])
