@@ -25,7 +25,11 @@ small stages are one native call each and a large stage is split across a
 Python thread pool (ctypes releases the GIL; about 30 us per split stage).
 Python per call: argument checks, one table of buffer addresses, the output
 allocations (aligned to ``Target.alignment``); temporaries live in one aligned block per
-kernel and thread, reused by later calls.
+kernel and thread, reused by later calls.  A kernel whose stages all run on
+the calling thread is called through ``native_call`` from its second call
+on: one builtin function checks the arrays, fills in the table and runs the
+stages, and Python only allocates the outputs (the checked path above
+still runs, and raises, for arguments it does not accept).
 
 A stage inside a scan's time loop forks and joins at every step, and on a
 busy machine every one of those waits for a descheduled thread: it is split
@@ -65,6 +69,7 @@ from te_autodiff.ops import is_transcendental
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
 from . import llvm_process
+from .native_call import Descriptor
 from .target import Target, data_layout, host_target, initialise_llvm, target_machine
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
@@ -533,6 +538,49 @@ class _Runner:
         self.steps_for = {}
         self.step_split = _StepSplit() if any(p.measured for p in plans) else None
 
+    def native(self):
+        """``(call, call_at)`` through the kernel's native entries
+        (``native_call``), or None for a kernel that splits stages across
+        threads (or where numpy's array struct is not as expected).
+        ``call(arrays)`` returns the results or None, ``call_at(*addresses)``
+        0 or -1: None and -1 when the checked Python path must run instead
+        (a wrong argument, a failed index check, another thread in the
+        kernel)."""
+        if any(p.splittable or p.measured for p in self.plans):
+            return None
+        d = Descriptor(ctypes.cast(self.compiled.run_stages, ctypes.c_void_p).value, len(self.plans), self.n,
+                       [(k, b.dtype, b.shape) for k, b in zip(self.input_slots, self.program.inputs)],
+                       [k for k, *_ in self.outputs], self.temp_offsets, self.temp_bytes, self.align)
+        if not d.available:
+            return None
+        entry, align = d.arrays, self.align
+        sizes = [nbytes + align for _, nbytes, _, _ in self.outputs]
+        views = [(shape, dtype, d.bits * n) for n, (_, _, shape, dtype) in enumerate(self.outputs)]
+        mask = d.mask
+        direct = [(k, fresh) for k, fresh, _, _ in self.results] == [(k, True) for k, *_ in self.outputs]
+        empty, u8, ndarray = np.empty, np.uint8, np.ndarray
+
+        if direct and len(sizes) == 1:
+            (size,), ((shape, dtype, _),) = sizes, views
+
+            def call(arrays):
+                raw = empty(size, u8)
+                offset = entry(raw, *arrays)
+                return None if offset < 0 else ndarray(shape, dtype, raw, offset)
+        else:
+            def call(arrays):
+                raws = [empty(size, u8) for size in sizes]
+                packed = entry(*raws, *arrays)
+                if packed < 0:
+                    return None
+                outs = [ndarray(shape, dtype, raw, packed >> shift & mask)
+                        for raw, (shape, dtype, shift) in zip(raws, views)]
+                if direct:
+                    return tuple(outs)
+                return self.collect(dict(zip(self.io_slots, [*arrays, *outs])))
+
+        return call, d.addresses
+
     def steps(self, threads: int) -> list:
         """``[(first, last)]`` stretches for ``run_stages`` and ``(plan, chunks)`` split stages."""
         steps = self.steps_for.get(threads)
@@ -661,6 +709,7 @@ class Kernel:
         self._lowered = program if lowered is None else lowered
         self.program = program
         self._compiled = compiled
+        self._beyond_memory = None
         if compiled.unrunnable is None:
             self._stages = plan_stages(program, compiled)
             self._run = _Runner(program, compiled, self._stages)
@@ -669,6 +718,8 @@ class Kernel:
                 self._run = self._refuse_memory
         else:
             self._run = self._refuse
+        runnable = compiled.unrunnable is None and self._beyond_memory is None
+        self._fast = self._fast_at = False if runnable else None    # False: made by the first call
 
     @property
     def inputs(self) -> list:
@@ -724,7 +775,18 @@ class Kernel:
             out.append(a if a.flags.c_contiguous and a.flags.aligned else a.copy(order="C"))
         return out
 
+    def _native(self):
+        """Make the native entries (the first call does; it takes the checked path)."""
+        self._fast, self._fast_at = self._run.native() or (None, None)
+
     def __call__(self, *arrays):
+        fast = self._fast
+        if fast:
+            out = fast(arrays)
+            if out is not None:
+                return out
+        elif fast is False:
+            self._native()
         return self._run(self._check(arrays))
 
     @property
@@ -748,6 +810,12 @@ class Kernel:
         ``target.alignment`` bytes).  For wrappers that checked their
         arguments already (``te_autodiff.torch``): it skips numpy and the
         checks of a call (a wrong address is a crash, not an exception)."""
+        fast = self._fast_at
+        if fast:
+            if fast(*addresses) >= 0:
+                return
+        elif fast is False:
+            self._native()
         if self._compiled.unrunnable is not None:
             self._refuse(addresses)
         self._run.run_at(addresses)
