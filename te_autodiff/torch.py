@@ -19,17 +19,17 @@ import numpy as np
 from .vjp import VJP
 
 _COUNT = itertools.count()
-_TORCH = None
+_TORCH = _Tensor = _STRIDED = _empty_like = None     # torch and what a call uses, once imported
 
 
 def _torch():
-    global _TORCH
+    global _TORCH, _Tensor, _STRIDED, _empty_like
     if _TORCH is None:
         try:
             import torch
         except ImportError as e:                # pragma: no cover - the extra is missing
             raise ImportError("te_autodiff.torch needs PyTorch: pip install 'te-autodiff[torch]'") from e
-        _TORCH = torch
+        _TORCH, _Tensor, _STRIDED, _empty_like = torch, torch.Tensor, torch.strided, torch.empty_like
     return _TORCH
 
 
@@ -38,39 +38,77 @@ class _Call:
     input is checked (type, device, layout, dtype, shape; errors name the
     placeholder) and read in place when contiguous; the outputs are new
     torch tensors (aligned as the kernel's target wants) that the kernel
-    writes (``Kernel.call_at``).  A call is a few microseconds of Python
-    beyond the native call: one combined test per input, outputs allocated
-    like a template tensor (``empty_like`` parses no arguments)."""
+    writes (``Kernel.call_at``).  A call is little Python beyond the native
+    call: one combined test per input, outputs allocated like a template
+    tensor (``empty_like`` parses no arguments); a backward's (``backward``)
+    tests less."""
 
     def __init__(self, kernel, placeholders):
         torch = _torch()
         self.kernel = kernel
         self.inputs = [(x.name, getattr(torch, x.dtype), torch.Size(x.shape)) for x in placeholders]
         self.templates = [torch.empty(shape, dtype=getattr(torch, dtype.name)) for shape, dtype in kernel.output_layout]
+        self.template = self.templates[0] if len(self.templates) == 1 else None
         sources = kernel.result_sources
         # the usual case: the results are the outputs, in order, none returned twice
         self.direct = sources == [(False, k, True) for k in range(len(self.templates))]
         self.sources = sources
         self.align = kernel.target.alignment
 
-    def __call__(self, tensors) -> list:
-        torch = _TORCH
+    def __call__(self, tensors) -> tuple:
+        """``(contiguous inputs, results)`` for ``tensors`` in placeholder order."""
         ins, addresses = [], []
         for t, (name, dtype, shape) in zip(tensors, self.inputs):
-            if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.layout == torch.strided
+            if not (isinstance(t, _Tensor) and t.dtype is dtype and t.layout is _STRIDED
                     and not t.is_nested and t.shape == shape and t.is_cpu):   # (a nested tensor has no shape)
                 self.refuse(name, t, dtype, shape)
             if not t.is_contiguous():
                 t = t.contiguous()
             ins.append(t)
             addresses.append(t.data_ptr())
-        outs = []
-        for template in self.templates:
-            t = torch.empty_like(template)
-            if t.data_ptr() % self.align:
-                t = self.aligned(template)
-            outs.append(t)
+        return ins, self.run(ins, addresses)
+
+    def backward(self, xs, heads) -> list:
+        """The results for an autograd backward: ``xs`` the inputs its forward
+        checked, made contiguous and saved (a saved-tensor hook may unpack
+        them in another layout), ``heads`` the gradients autograd hands it,
+        which it has checked against the outputs' shapes, dtypes and device
+        (it lets a sparse one through, and an expanded one is common)."""
+        ins, addresses = [], []
+        for t in xs:
+            if not t.is_contiguous():
+                t = t.contiguous()
+            ins.append(t)
             addresses.append(t.data_ptr())
+        for t in heads:
+            if t.layout is not _STRIDED:
+                t = t.to_dense()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            ins.append(t)
+            addresses.append(t.data_ptr())
+        return self.run(ins, addresses)
+
+    def run(self, ins, addresses) -> list:
+        """The results of the kernel on the contiguous ``ins`` at ``addresses``."""
+        if self.template is not None:           # one output (the usual case)
+            t = _empty_like(self.template)
+            address = t.data_ptr()
+            if address % self.align:
+                t = self.aligned(t)
+                address = t.data_ptr()
+            outs = [t]
+            addresses.append(address)
+        else:
+            outs = []
+            for template in self.templates:
+                t = _empty_like(template)
+                address = t.data_ptr()
+                if address % self.align:
+                    t = self.aligned(t)
+                    address = t.data_ptr()
+                outs.append(t)
+                addresses.append(address)
         self.kernel.call_at(addresses)
         if self.direct:
             return outs
@@ -117,11 +155,15 @@ def op(inputs, outputs, name=None):
         return _Call(v.backward, v.backward.inputs)
 
     def run_backward(xs, heads):
-        return backward_call()([*xs, *heads])
+        return backward_call()([*xs, *heads])[1]
+
+    def autograd_backward(xs, heads):
+        """The gradients for autograd: ``xs`` its saved inputs (see ``_Call.backward``)."""
+        return backward_call().backward(xs, heads)
 
     @torch.library.custom_op(qual, mutates_args=())
     def forward(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return run_forward(xs)
+        return run_forward(xs)[1]
 
     @forward.register_fake
     def _(xs):
@@ -140,11 +182,16 @@ def op(inputs, outputs, name=None):
 
     zero_heads = [(k, v.outputs[k].shape, dtypes[np.dtype(v.outputs[k].dtype)]) for k in v.float_outputs]
     every_input_float = len(v.float_inputs) == len(v.inputs)
+    one_float_output = [k for k, *_ in zero_heads] == [0] and len(v.outputs) == 1
 
     def vjp(xs, grads, run):
         """The gradient of each input (None for an integer input) given the
         gradient of each output (None: nothing depends on that output)."""
-        heads = [torch.zeros(shape, dtype=dtype) if grads[k] is None else grads[k] for k, shape, dtype in zero_heads]
+        if one_float_output and grads[0] is not None:
+            heads = grads
+        else:
+            heads = [torch.zeros(shape, dtype=dtype) if grads[k] is None else grads[k]
+                     for k, shape, dtype in zero_heads]
         if not heads or not v.float_inputs:
             return [None] * len(xs)
         found = run(xs, heads)
@@ -163,23 +210,27 @@ def op(inputs, outputs, name=None):
 
         @staticmethod
         def forward(ctx, *xs):
-            ctx.save_for_backward(*xs)
-            out = run_forward(xs)
+            ins, out = run_forward(xs)
+            ctx.save_for_backward(*ins)     # checked and contiguous: the backward trusts them
             if frozen:
                 ctx.mark_non_differentiable(*(out[k] for k in frozen))
             return out[0] if v.single else tuple(out)
 
         @staticmethod
         def backward(ctx, *grads):
-            return tuple(vjp(ctx.saved_tensors, grads, run_backward))
+            if one_float_output and every_input_float and grads[0] is not None:     # the usual case
+                return tuple(backward_call().backward(ctx.saved_tensors, grads))
+            return tuple(vjp(ctx.saved_tensors, grads, autograd_backward))
+
+    arity, compiling, apply = len(v.inputs), torch.compiler.is_compiling, Eager.apply
 
     def call(*tensors):
-        if len(tensors) != len(v.inputs):
+        if len(tensors) != arity:
             raise TypeError(f"te op '{v.name}' takes {len(v.inputs)} tensors "
                             f"({', '.join(x.name for x in v.inputs)}), got {len(tensors)}")
-        if torch.compiler.is_compiling():
+        if compiling():
             res = forward(list(tensors))
             return res[0] if v.single else tuple(res)
-        return Eager.apply(*tensors)
+        return apply(*tensors)
     call.kernel, call.vjp_kernels = v.forward, v
     return call
