@@ -1,21 +1,25 @@
-"""``python -m benchmarks.overhead``: what a te op costs per call beyond its kernels.
+"""``python -m benchmarks.overhead``: what a te kernel and a te op cost per call beyond their arithmetic.
 
-A tiny op (``Y = X·X`` over 8 float32 numbers) is called forward and
-backward, so the arithmetic is nothing and every microsecond is glue:
+A tiny program (``Y = X·X`` over 16 float32 numbers) makes the arithmetic
+nothing, so every microsecond is the call:
 
-* in PyTorch eager, ``te_autodiff.torch.op`` against a plain
+* from numpy: the te kernel called warm, against numpy's own ``np.multiply``;
+* in PyTorch eager, forward + backward: ``te_autodiff.torch.op`` against
+  torch's own ``x * x`` (the plain torch computation) and a plain
   ``torch.autograd.Function`` whose forward and backward call numpy (the
-  cheapest hand-written way to put foreign code into torch), and against
-  torch's own ``x * x``;
-* under ``jax.jit``, ``te_autodiff.jax.op`` against a ``jax.custom_vjp`` whose
-  forward and backward call the same numpy through ``jax.pure_callback``;
-* the two te kernels called directly from numpy (the floor).
+  cheapest hand-written way to put foreign code into torch);
+* under ``jax.jit``, forward + backward: ``te_autodiff.jax.op`` against
+  jax's own ``x * x`` and a ``jax.custom_vjp`` calling the same numpy
+  through ``jax.pure_callback`` (what the te op is built on).
 
-Each step is ``y = f(x)`` then the gradient for a fixed head.  The variants
-run interleaved in rounds (a slow spell of a shared machine hits them all),
-each round in a rotated order; each keeps the median of its rounds.  The table gives microseconds per
-forward + backward and the te op's cost over the plain function: the
-per-call cost of being a te op rather than hand-written numpy.
+A forward + backward step is ``y, pull = vjp(f, x)`` then ``pull(head)``, and
+returns both (JAX would drop an unused forward).  A framework's variants run
+interleaved in rounds (a slow spell of a shared machine hits them all), each
+round in a rotated order; each variant keeps the median of its rounds' mean
+time per call, wall clock and the process's CPU time (on a busy machine the
+wall clock also counts the time the process waits for a core).  The lines
+under the table give each te variant's cost over its plain framework
+equivalent.  ``measure_all`` returns the figures for the benchmark report.
 """
 from __future__ import annotations
 
@@ -27,7 +31,13 @@ import numpy as np
 
 import te_autodiff as te
 
-N = 8
+N = 16
+# (label, te variant, its plain framework equivalent, the other plain variant)
+COMPARISONS = [
+    ("numpy", "numpy: te kernel", "numpy: np.multiply", None),
+    ("torch", "torch: te_autodiff.torch.op", "torch: x * x (torch's own)", "torch: autograd.Function + numpy"),
+    ("jax", "jax.jit: te_autodiff.jax.op", "jax.jit: x * x (jax's own)", "jax.jit: custom_vjp + pure_callback + numpy"),
+]
 
 
 def _program():
@@ -35,13 +45,10 @@ def _program():
     return X, te.compute((N,), lambda i: X[i] * X[i], name="Y")
 
 
-def _kernels():
-    """The te kernels alone: forward, then the VJP kernel, from numpy."""
-    from te_autodiff.vjp import VJP
-    v = VJP(*_program())
-    fwd, bwd = v.forward, v.backward
-    x, h = np.linspace(-1, 1, N, dtype=np.float32), np.ones(N, np.float32)
-    return {"te kernels alone (numpy)": lambda: (fwd(x), bwd(x, h))}
+def _numpy_steps():
+    kernel = te.build(*_program())
+    x = np.linspace(-1, 1, N, dtype=np.float32)
+    return {"numpy: te kernel": lambda: kernel(x), "numpy: np.multiply": lambda: np.multiply(x, x)}
 
 
 def _torch_steps():
@@ -66,10 +73,13 @@ def _torch_steps():
     op = tet.op(*_program())
 
     def step(f):
-        return lambda: torch.autograd.grad(f(x), (x,), grad_outputs=(h,))
+        def run():
+            y = f(x)
+            return y, torch.autograd.grad(y, (x,), grad_outputs=(h,))
+        return run
     return {"torch: te_autodiff.torch.op": step(op),
-            "torch: autograd.Function + numpy": step(Plain.apply),
-            "torch: x * x (torch's own)": step(lambda x: x * x)}
+            "torch: x * x (torch's own)": step(lambda x: x * x),
+            "torch: autograd.Function + numpy": step(Plain.apply)}
 
 
 def _jax_steps():
@@ -89,40 +99,67 @@ def _jax_steps():
     x, h = jnp.linspace(-1, 1, N, dtype=jnp.float32), jnp.ones(N, jnp.float32)
 
     def step(f):
-        g = jax.jit(lambda x: jax.vjp(f, x)[1](h))
+        def both(x):
+            y, pull = jax.vjp(f, x)
+            return y, pull(h)
+        g = jax.jit(both)
         return lambda: jax.block_until_ready(g(x))
     return {"jax.jit: te_autodiff.jax.op": step(op),
-            "jax.jit: custom_vjp + pure_callback + numpy": step(plain),
-            "jax.jit: x * x (jax's own)": step(lambda x: x * x)}
+            "jax.jit: x * x (jax's own)": step(lambda x: x * x),
+            "jax.jit: custom_vjp + pure_callback + numpy": step(plain)}
 
 
 def measure(steps: dict, rounds: int, calls: int) -> dict:
-    """Median over ``rounds`` of the mean microseconds per call, the variants interleaved."""
+    """``{name: (wall µs, CPU µs)}`` per call: the median over ``rounds`` of
+    each round's mean, the variants interleaved."""
     for f in steps.values():
         for _ in range(50):
             f()
-    times = {name: [] for name in steps}
+    times = {name: ([], []) for name in steps}
     names = list(steps)
     for r in range(rounds):
         # each round in another order: no variant always runs after the same one
         for name in names[r % len(names):] + names[:r % len(names)]:
             f = steps[name]
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 f()
-            times[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            times[name][0].append((time.perf_counter() - wall) / calls * 1e6)
+            times[name][1].append((time.process_time() - cpu) / calls * 1e6)
+    return {name: (statistics.median(w), statistics.median(c)) for name, (w, c) in times.items()}
+
+
+def measure_all(rounds: int = 15, calls: int = 400) -> dict:
+    """Every variant whose framework is installed (see the module doc), for
+    the benchmark report: ``{"us": {name: [wall, cpu]}, "missing": [...]}``.
+    One framework at a time, JAX last: its thread pool spins for a while
+    after each call, CPU time the process would charge to whatever runs next."""
+    us, missing = {}, []
+    for make in (_numpy_steps, _torch_steps, _jax_steps):
+        try:
+            steps = make()
+        except ImportError as e:
+            missing.append(f"{make.__name__[1:-6]}: {e}")
+            continue
+        us.update({name: list(t) for name, t in measure(steps, rounds, calls).items()})
+    return {"us": us, "missing": missing}
 
 
 def report(us: dict) -> str:
-    lines = ["| forward + backward of Y = X·X, 8 float32 | µs per call |", "|---|---:|"]
-    lines += [f"| {name} | {t:.1f} |" for name, t in us.items()]
-    for fw, te_name, plain_name in (("torch", "torch: te_autodiff.torch.op", "torch: autograd.Function + numpy"),
-                                    ("jax", "jax.jit: te_autodiff.jax.op",
-                                     "jax.jit: custom_vjp + pure_callback + numpy")):
-        if te_name in us:
-            lines.append(f"\n{fw}: te op − plain function = {us[te_name] - us[plain_name]:+.1f} µs per call; "
-                         f"te op − te kernels alone = {us[te_name] - us['te kernels alone (numpy)']:+.1f} µs")
+    """The table and the differences, in Markdown."""
+    lines = [f"| Y = X·X over {N} float32 | µs per call (wall) | µs per call (CPU) |", "|---|---:|---:|"]
+    lines += [f"| {name} | {wall:.1f} | {cpu:.1f} |" for name, (wall, cpu) in us.items()]
+    lines.append("")
+    for fw, te_name, own, other in COMPARISONS:
+        if te_name not in us:
+            continue
+        what = "per call" if fw == "numpy" else "per forward + backward"
+        line = (f"- {fw}: te − {own.split(': ', 1)[1]} = {us[te_name][0] - us[own][0]:+.1f} µs wall, "
+                f"{us[te_name][1] - us[own][1]:+.1f} µs CPU {what}")
+        if other:
+            line += (f"; te − {other.split(': ', 1)[1]} = {us[te_name][0] - us[other][0]:+.1f} wall, "
+                     f"{us[te_name][1] - us[other][1]:+.1f} CPU")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -131,14 +168,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=400)
     args = ap.parse_args(argv)
-    steps = _kernels()
-    for make in (_torch_steps, _jax_steps):
-        try:
-            steps.update(make())
-        except ImportError as e:
-            print(f"({make.__name__[1:-6]} not installed: {e})")
+    found = measure_all(args.rounds, args.calls)
+    for line in found["missing"]:
+        print(f"(not installed: {line})")
     print(f"target: {te.target()}")
-    print(report(measure(steps, args.rounds, args.calls)))
+    print(report(found["us"]))
     return 0
 
 

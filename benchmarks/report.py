@@ -168,8 +168,31 @@ def _compile(r) -> str:
     return f"{r['compile_s']:.2f}"
 
 
-def markdown(run: dict, mach: dict, limits: dict, results: list, sweep=()) -> str:
-    """RESULTS.md: the machine and its peaks, then the size sweep's and the kernels' sections (those run)."""
+def _overhead_section(overhead: dict | None) -> list:
+    """The per-call costs (``overhead.py``), or nothing when they were not measured."""
+    from .overhead import report as report_overhead
+
+    if overhead is None:
+        return []
+    L = ["## Per-call overhead (µs)", ""]
+    if overhead.get("status") != "ok":
+        return L + [f"Not measured: {overhead.get('status')}: `{overhead.get('error', '')}`", ""]
+    L.append("`python -m benchmarks.overhead` in its own process, one thread: `Y = X·X` over 16 float32 numbers, "
+             "so the arithmetic is nothing and every microsecond is the call; a te kernel called warm from numpy, "
+             "and forward + backward of a te op in PyTorch eager and under `jax.jit`, each against the "
+             "framework's own `x * x` and a hand-written foreign function calling numpy. Median of interleaved "
+             "rounds; wall clock and the process's CPU time (on a busy machine the wall clock also counts time "
+             "spent waiting for a core).")
+    L.append("")
+    L.append(report_overhead(overhead["us"]))
+    L += [f"- not installed: {line}" for line in overhead.get("missing", [])]
+    L.append("")
+    return L
+
+
+def markdown(run: dict, mach: dict, limits: dict, results: list, sweep=(), overhead: dict | None = None) -> str:
+    """RESULTS.md: the machine and its peaks, the per-call costs, then the size sweep's and the kernels'
+    sections (those run)."""
     from .sweep_report import sweep_markdown            # it imports this module's helpers
 
     L = []
@@ -206,6 +229,7 @@ def markdown(run: dict, mach: dict, limits: dict, results: list, sweep=()) -> st
     L.append("")
     L += peaks_markdown(limits, run["threads"])
     L.append("")
+    L += _overhead_section(overhead)
     if sweep:
         L += sweep_markdown(run, mach, limits, sweep)
     if results:
@@ -367,20 +391,21 @@ def chart(path: Path, run: dict, results: list) -> bool:
     return True
 
 
-def write_outputs(out_dir: Path, run: dict, limits: dict, results: list, mach: dict | None = None, sweep=()):
+def write_outputs(out_dir: Path, run: dict, limits: dict, results: list, mach: dict | None = None, sweep=(),
+                  overhead: dict | None = None):
     from .sweep_report import sweep_chart               # it imports this module's helpers
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mach = mach or machine()
-    md = markdown(run, mach, limits, results, sweep)
+    md = markdown(run, mach, limits, results, sweep, overhead)
     paths = [out_dir / "RESULTS.md", out_dir / "results.json"]
     paths[0].write_text(md)
     rows = summarise(limits, results)
     summary = dict(geomean_ratio=geomean([r["ratio"] for r in rows]),
                    ratios={KERNELS[r["kernel"]].key: r["ratio"] for r in rows})
     paths[1].write_text(json.dumps(dict(run=run, machine=mach, limits=limits, summary=summary, results=results,
-                                        sweep=list(sweep)), indent=1))
+                                        sweep=list(sweep), overhead=overhead), indent=1))
     if results and chart(out_dir / "results.png", run, results):
         paths.append(out_dir / "results.png")
     if sweep and sweep_chart(out_dir / "sizes.png", run, sweep):

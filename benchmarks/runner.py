@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--sizes", nargs="?", const="all", default=None, metavar="FAMILIES",
                    help="the size sweep: every family at every size, or the families / cases named "
                         "(matmul,attention:128); without --kernels, no kernels")
+    p.add_argument("--no-overhead", dest="overhead", action="store_false",
+                   help="skip the per-call costs (overhead.py; also skipped when --kernels is given)")
     p.add_argument("--render", metavar="JSON", default=None,
                    help="only rewrite RESULTS.md and the chart from a results.json of an earlier run")
     args = p.parse_args(argv)
@@ -83,6 +85,7 @@ def parse_args(argv=None):
     if args.timeout is None:
         args.timeout = 120.0 if args.quick else 600.0
     args.threads = max(1, args.threads)
+    args.overhead = args.overhead and not args.kernels
     return args
 
 
@@ -173,13 +176,28 @@ def _better_result(old, new) -> dict:
                 max_rel_err=max(old["max_rel_err"], new["max_rel_err"]))
 
 
+def measure_overhead(args) -> dict:
+    """The per-call costs (``overhead.py``) in a fresh process, one thread."""
+    return run_child(dict(overhead=True, quick=args.quick), 1, args.timeout)
+
+
+def _better_overhead(old, new) -> dict:
+    """Each variant's wall and CPU time at its best over the passes."""
+    if old is None or old.get("status") != "ok":
+        return new
+    if new.get("status") != "ok":
+        return old
+    us = {name: [min(a, b) for a, b in zip(t, new["us"].get(name, t))] for name, t in old["us"].items()}
+    return dict(old, us=us)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.render:
         data = json.loads(Path(args.render).read_text())
         out_dir = Path(args.out) if args.out else Path(args.render).resolve().parent
         md, paths = write_outputs(out_dir, data["run"], data["limits"], data["results"], data.get("machine"),
-                                  data.get("sweep", []))
+                                  data.get("sweep", []), data.get("overhead"))
         print(md)
         print("wrote " + ", ".join(str(p) for p in paths))
         return 0
@@ -195,11 +213,16 @@ def main(argv=None) -> int:
     print(f"te-autodiff benchmarks: kernels {args.kernel_ids}, {len(args.cases)} size case(s), peers {args.peer_list}, "
           f"threads {args.threads}{', quick' if args.quick else ''}", flush=True)
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    limits, results, sweep = None, {}, {}
+    limits, results, sweep, overhead = None, {}, {}, None
     for n in range(max(args.repeat, 1)):
         if args.repeat > 1:
             print(f"pass {n + 1} of {args.repeat}", flush=True)
         limits = _better_limits(limits, measure_limits(args))
+        if args.overhead:
+            res = measure_overhead(args)
+            overhead = _better_overhead(overhead, res)
+            print("per-call overhead: " + ("measured" if res.get("status") == "ok" else
+                                           f"{res.get('status')}: {res.get('error', '')}"[:160]), flush=True)
         jobs = [(f"[{kid}] {KERNELS[kid].title} ({KERNELS[kid].dtype})", "kernel", kid, results)
                 for kid in args.kernel_ids] + [(f"[{case}]", "case", case, sweep) for case in args.cases]
         for title, field, name, store in jobs:
@@ -217,7 +240,7 @@ def main(argv=None) -> int:
     run = dict(command=command, quick=args.quick, threads=args.threads, repeat=args.repeat, kernels=args.kernel_ids,
                cases=args.cases, peers=args.peer_list, total_s=total, date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                load_start=load_start, load_end=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
-    md, paths = write_outputs(out_dir, run, limits, results, sweep=sweep)
+    md, paths = write_outputs(out_dir, run, limits, results, sweep=sweep, overhead=overhead)
     print()
     print(md)
     print("wrote " + ", ".join(str(p) for p in paths))

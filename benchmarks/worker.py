@@ -2,8 +2,9 @@
 
 The JSON argument is ``{"peer": ..., "kernel": id, "quick": bool, "threads": n}``
 for a kernel, ``{"peer": ..., "case": "matmul:512", ...}`` for a case of the
-size sweep (``sizes.py``), or ``{"limits": true, "quick": bool, "threads": n}``
-for the machine limits (``peaks.py``).  The result is printed as one JSON line prefixed with
+size sweep (``sizes.py``), ``{"limits": true, "quick": bool, "threads": n}``
+for the machine limits (``peaks.py``), or ``{"overhead": true, "quick": bool}``
+for the per-call costs (``overhead.py``).  The result is printed as one JSON line prefixed with
 ``RESULT `` (anything else on stdout/stderr is the libraries' chatter).
 Thread counts are set by the parent through the environment, before any
 library is imported.
@@ -123,6 +124,9 @@ def main(argv=None) -> int:
         if args.get("limits"):
             from .peaks import run_limits
             res = run_limits(args.get("quick", False), args.get("threads", 1))
+        elif args.get("overhead"):
+            from .overhead import measure_all
+            res = dict(measure_all(*((3, 50) if args.get("quick") else (15, 400))), status="ok")
         else:
             res = run_kernel(args["peer"], args.get("kernel"), args.get("quick", False), args.get("threads"),
                              args.get("steps"), args.get("case"))

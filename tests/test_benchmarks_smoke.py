@@ -27,8 +27,9 @@ def test_overhead_benchmark_runs():
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "µs" not in line]
-    assert any(line.startswith("| te kernels alone") for line in rows), done.stdout
-    assert all(float(line.rsplit("|", 2)[1]) > 0 for line in rows), done.stdout
+    assert any(line.startswith("| numpy: te kernel |") for line in rows), done.stdout
+    assert all(float(cell) > 0 for line in rows for cell in line.split("|")[2:4]), done.stdout
+    assert "- numpy: te − np.multiply" in done.stdout, done.stdout
 
 
 def test_peers_are_kept_to_the_vector_width_of_a_narrower_target(monkeypatch):
