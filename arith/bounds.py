@@ -5,6 +5,9 @@ between a max of ceilings and a min of floors of affine functions of the
 outer variables). ``numeric_bounds``, ``is_feasible`` and ``is_implied``
 answer exact questions about the integer points of a ``LinearSystem`` with
 CP-SAT; their answers are cached on a canonical form of the query.
+OR-tools is imported by the functions that call a solver: its CP-SAT module
+imports pandas, which a program that never asks such a question (and
+``import te_autodiff``) need not pay for.
 """
 
 from __future__ import annotations
@@ -13,9 +16,6 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Hashable, Iterable, Iterator, Mapping, NamedTuple
-
-from ortools.linear_solver import pywraplp
-from ortools.sat.python import cp_model
 
 from .linear import LinearExpr, LinearSystem, as_linear
 
@@ -295,6 +295,7 @@ def _lp_bounds(ineqs: list[LinearExpr], box: dict, targets: list) -> bool:
     Returns False when the relaxation is infeasible; raises ValueError naming a
     variable whose relaxation is unbounded.
     """
+    from ortools.linear_solver import pywraplp
     lp = pywraplp.Solver.CreateSolver("GLOP")
     inf = lp.infinity()
     xs = {v: lp.NumVar(-inf if lo is None else lo, inf if hi is None else hi, f"x{n}")
@@ -351,6 +352,7 @@ def _interval(expr: LinearExpr, box: dict) -> tuple[int, int]:
 
 
 def _model(key: tuple, box: dict):
+    from ortools.sat.python import cp_model
     model = cp_model.CpModel()
     xs = {v: model.new_int_var(lo, hi, f"x{n}") for n, (v, (lo, hi)) in enumerate(box.items())}
 
@@ -369,6 +371,7 @@ def _model(key: tuple, box: dict):
 
 
 def _solve(model) -> tuple[cp_model.CpSolver, int]:
+    from ortools.sat.python import cp_model
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = TIME_LIMIT_SECONDS
@@ -380,6 +383,7 @@ def _solve(model) -> tuple[cp_model.CpSolver, int]:
 
 @lru_cache(maxsize=CACHE_SIZE)
 def _feasible(key: tuple) -> bool:
+    from ortools.sat.python import cp_model
     box = _box(key)
     if box is None:
         return False
@@ -389,6 +393,7 @@ def _feasible(key: tuple) -> bool:
 
 @lru_cache(maxsize=CACHE_SIZE)
 def _numeric_bounds(expr: LinearExpr, key: tuple) -> tuple[int, int] | None:
+    from ortools.sat.python import cp_model
     box = _box_with(key, expr.vars)
     if box is None:
         return None

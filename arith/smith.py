@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from numbers import Integral
 from typing import Hashable, Iterable, Mapping
-
-import sympy
 
 from .linear import LinearExpr, Transform, Var, as_linear
 
@@ -21,7 +20,7 @@ __all__ = ["smith_normal_form", "solve_equations", "Solution"]
 
 
 def _int_matrix(A) -> list[list[int]]:
-    rows = A.tolist() if isinstance(A, sympy.MatrixBase) else [list(r) for r in A]
+    rows = A.tolist() if hasattr(A, "tolist") else [list(r) for r in A]      # a sympy or numpy matrix
     width = len(rows[0]) if rows else 0
     out = []
     for r in rows:
@@ -38,10 +37,29 @@ def _identity(n: int) -> list[list[int]]:
     return [[int(i == j) for j in range(n)] for i in range(n)]
 
 
+def _unimodular_inverse(V: list[list[int]]) -> list[list[int]]:
+    """The inverse of a unimodular integer matrix (integral), by Gauss-Jordan
+    elimination over the rationals."""
+    n = len(V)
+    M = [[Fraction(x) for x in row] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(V)]
+    for c in range(n):
+        p = next(r for r in range(c, n) if M[r][c])
+        M[c], M[p] = M[p], M[c]
+        M[c] = [x / M[c][c] for x in M[c]]
+        for r in range(n):
+            if r != c and M[r][c]:
+                f = M[r][c]
+                M[r] = [x - f * y for x, y in zip(M[r], M[c])]
+    inverse = [row[n:] for row in M]
+    if any(x.denominator != 1 for row in inverse for x in row):
+        raise ValueError("matrix is not unimodular")
+    return [[x.numerator for x in row] for row in inverse]
+
+
 def smith_normal_form(A) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
     """Return ``(U, S, V)`` with ``U * A * V == S`` as lists of lists of ``int``.
 
-    ``A`` is an m x n integer matrix (nested lists or a sympy Matrix). ``U``
+    ``A`` is an m x n integer matrix (nested lists, a numpy array or a sympy Matrix). ``U``
     (m x m) and ``V`` (n x n) are unimodular; ``S`` is diagonal with
     ``S[0][0] | S[1][1] | ...``, all nonnegative, zeros last.
 
@@ -257,7 +275,7 @@ def _solve(eqs: list[LinearExpr], unknowns: tuple, params: tuple) -> Solution:
         A = [[e.coeff(u) for u in rest] for e in pending]
         b = [-e.substitute({u: 0 for u in rest}) for e in pending]
         U, S, V = smith_normal_form(A)
-        V_inv = sympy.Matrix(V).inv()  # unimodular, so the inverse is integral
+        V_inv = _unimodular_inverse(V)
         Ub = [sum((b[k] * U[i][k] for k in range(len(b))), LinearExpr.const(0))
               for i in range(len(b))]
         rank = sum(1 for i in range(min(len(S), len(rest))) if S[i][i])
@@ -288,10 +306,9 @@ def _solve(eqs: list[LinearExpr], unknowns: tuple, params: tuple) -> Solution:
                     quotients=quotients, free=free, conditions=conditions, inverse=inverse)
 
 
-def _row_exprs(M: sympy.Matrix, variables: list) -> list[LinearExpr]:
-    """Row ``i`` of ``M`` as the expression ``sum_k M[i, k] * variables[k]``."""
-    return [LinearExpr({v: int(M[i, k]) for k, v in enumerate(variables)})
-            for i in range(M.rows)]
+def _row_exprs(M: list[list[int]], variables: list) -> list[LinearExpr]:
+    """Row ``i`` of ``M`` as the expression ``sum_k M[i][k] * variables[k]``."""
+    return [LinearExpr({v: c for v, c in zip(variables, row)}) for row in M]
 
 
 def _divide(num: LinearExpr, d: int, old_expr: LinearExpr, quotients: list,

@@ -15,9 +15,9 @@ Run it:  python tutorials/03_sharing.py
 import time
 
 import numpy as np
+import ortools.sat.python.cp_model  # noqa: F401 -- the solver zero elimination asks, imported outside the timings
 
 import te_autodiff as te
-import te_autodiff.zero_elim  # noqa: F401 -- loads sympy and OR-tools once, outside the timings
 from te_autodiff.pretty import tensor_str
 from te_autodiff.visit import children, count_nodes, topo_order
 
