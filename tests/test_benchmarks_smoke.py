@@ -32,6 +32,16 @@ def test_overhead_benchmark_runs():
     assert "- numpy: te − np.multiply" in done.stdout, done.stdout
 
 
+def test_build_time_benchmark_runs():
+    """``python -m benchmarks.build_time`` builds a kernel first in a process and after two others."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.build_time", "--kernels", "6", "--repeat", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| 6 |"))
+    first, later = (float(cell.split(",")[0]) for cell in row.split("|")[2:4])     # wall seconds
+    assert first > 0 and later > 0, done.stdout
+
+
 def test_peers_are_kept_to_the_vector_width_of_a_narrower_target(monkeypatch):
     """With te-autodiff built for a narrower CPU than this one (``TE_TARGET``),
     every benchmark child gets the variables that keep the peers to that
