@@ -230,11 +230,16 @@ class _Worker:
 
 def _worker_count() -> int:
     """How many LLVM processes may compile at once: one per core this process
-    may run on, at most ``MAX_WORKERS``."""
+    may run on, no more than ``TE_NUM_THREADS`` asks te to use (this module
+    runs alone in its children, so it reads the variable itself; the target
+    checks it), at most ``MAX_WORKERS``."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:          # not Linux
         cores = os.cpu_count() or 1
+    limit = os.environ.get("TE_NUM_THREADS", "")
+    if limit.strip().isdigit() and int(limit) >= 1:
+        cores = min(cores, int(limit))
     return max(1, min(MAX_WORKERS, cores))
 
 

@@ -70,7 +70,8 @@ from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, s
 from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
 from . import llvm_process
 from .native_call import Descriptor
-from .target import Target, data_layout, host_target, initialise_llvm, target_machine
+from .target import (Target, data_layout, default_threads, initialise_llvm, target_machine,
+                     thread_count)
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
 PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
@@ -237,38 +238,26 @@ def compile_program(program: Program, target: Target) -> Compiled:
 # ------------------------------------------------------------------- threads
 
 
-MAX_THREADS = 4096              # a thread count beyond this is a mistake (libgomp crashed at 100000)
-
-
-def _thread_count(value, source: str) -> int:
-    """``value`` (a number, or the text of ``TE_NUM_THREADS``) as a thread count, checked."""
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{source} must be a whole number of threads, got {value!r}") from None
-    if not 1 <= n <= MAX_THREADS:
-        raise ValueError(f"{source} must be between 1 and {MAX_THREADS} threads, got {n}")
-    return n
-
-
 def num_threads() -> int:
     """Threads a large stage is split across (the calling thread included):
-    ``TE_NUM_THREADS`` if set (and not empty), else the machine's cores."""
+    :func:`~lowering.target.default_threads` until :func:`set_num_threads`
+    says otherwise."""
     global _threads
     if _threads is None:
-        env = os.environ.get("TE_NUM_THREADS")
-        _threads = _thread_count(env, "TE_NUM_THREADS") if env else host_target().threads
+        _threads = default_threads()
     return _threads
 
 
 def set_num_threads(n: int) -> None:
-    """Change the thread count (1 runs everything on the calling thread)."""
+    """Change the thread count of later calls (1 runs everything on the
+    calling thread).  Kernels keep the parallel loops their schedule balanced
+    for ``Target.threads``; results are bit-identical at any count."""
     global _threads, _pool
     with _lock:
         if _pool is not None:
             _pool.shutdown(wait=True)
             _pool = None
-        _threads = _thread_count(n, "set_num_threads")
+        _threads = thread_count(n, "set_num_threads")
 
 
 def _thread_pool():

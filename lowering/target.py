@@ -95,7 +95,8 @@ class Target:
     ``gather``: vector gathers are instructions (AVX2 and later);
     ``streaming_stores``: non-temporal stores plus ``sfence`` (x86);
     ``l1_ways``: the L1 data cache's associativity (lines a stride of
-    ``l1_bytes / l1_ways`` puts in one set before they evict each other)."""
+    ``l1_bytes / l1_ways`` puts in one set before they evict each other);
+    ``threads``: :func:`default_threads` when the target was described."""
 
     name: str
     triple: str
@@ -205,10 +206,31 @@ def _describe(name, triple, cpu, features, l1, l2, ways=None, llvm_features=None
         streaming_stores=x86,
         cache_line=64, l1_bytes=l1, l2_bytes=l2,
         l1_ways=ways or max(1, l1 // L1_WAY_BYTES.get(triple.split("-", 1)[0], 4 * KIB)),
-        threads=_cores(), llvm_features=llvm_features, host=host)
+        threads=default_threads(), llvm_features=llvm_features, host=host)
 
 
-def _cores() -> int:
+MAX_THREADS = 4096              # a thread count beyond this is a mistake (libgomp crashed at 100000)
+
+
+def thread_count(value, source: str) -> int:
+    """``value`` (a number, or the text of ``TE_NUM_THREADS``) as a thread count, checked."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} must be a whole number of threads, got {value!r}") from None
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{source} must be between 1 and {MAX_THREADS} threads, got {n}")
+    return n
+
+
+def default_threads() -> int:
+    """The threads kernels use, the one count both the schedule (which
+    balances parallel loops for it, ``Target.threads``) and the runtime
+    (which splits stages across it) read: ``TE_NUM_THREADS`` if set and not
+    empty, else the cores this process may run on."""
+    env = os.environ.get("TE_NUM_THREADS")
+    if env:
+        return thread_count(env, "TE_NUM_THREADS")
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:

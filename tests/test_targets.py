@@ -575,3 +575,20 @@ def test_corpus_sample_runs_for_the_default_target():
                          for f in report["failures"])
     assert not report["failures"], (f"{target.name}: {len(report['failures'])} of {len(sample)} sampled "
                                     f"programs failed ({seconds:.0f} s):\n{failures}")
+
+
+def test_one_thread_count_for_the_schedule_the_runtime_and_the_compilers():
+    """TE_NUM_THREADS is the count the schedule balances for (Target.threads),
+    the runtime splits across and the LLVM processes are limited by, whatever
+    the cores (read in a child process, where the variable is set at start)."""
+    code = (
+        "import os, sys, te_autodiff as te\n"
+        "from lowering import llvm_process, runtime\n"
+        "n = int(sys.argv[1])\n"
+        "workers = min(len(os.sched_getaffinity(0)), n, llvm_process.MAX_WORKERS)\n"
+        "print(te.target().threads, te.target('haswell').threads, runtime.num_threads(),\n"
+        "      llvm_process._worker_count() == workers)\n")
+    for n in ("1", "7"):
+        out = subprocess.run([sys.executable, "-c", code, n], env=dict(os.environ, TE_NUM_THREADS=n),
+                             capture_output=True, text=True, timeout=120)
+        assert out.stdout.split() == [n, n, n, "True"], out
