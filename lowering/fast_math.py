@@ -94,6 +94,43 @@ class _Ops:
     def call(self, name, *args):
         return self.fe.call_intrinsic(name, args)
 
+    SPLIT = 4097.0                  # 2^12 + 1: Veltkamp's splitter for 24-bit significands
+
+    def fma(self, a, b, c):
+        """``a·b + c`` rounded once where the target has an fma instruction;
+        elsewhere (``llvm.fma`` would be a libm call per lane) rounded twice,
+        for the corrections whose own error is negligible."""
+        if self.fe.target.fma:
+            return self.call("llvm.fma", a, b, c)
+        return self.b.fadd(self.b.fmul(a, b), c)
+
+    def product_error(self, a, b, p):
+        """``a·b - p`` exactly, ``p`` the rounded ``a·b``: one fma, or without
+        one Dekker's product of Veltkamp halves (no contraction: every
+        rounding is the one the algorithm counts on)."""
+        if self.fe.target.fma:
+            return self.call("llvm.fma", a, b, self.b.fneg(p))
+        b_ = self.b
+
+        def halves(x):
+            c = b_.fmul(self.f(self.SPLIT), x)
+            hi = b_.fsub(c, b_.fsub(c, x))
+            return hi, b_.fsub(x, hi)
+
+        (ah, al), (bh, bl) = halves(a), halves(b)
+        err = b_.fsub(b_.fmul(ah, bh), p)
+        err = b_.fadd(b_.fadd(err, b_.fmul(ah, bl)), b_.fmul(al, bh))
+        return b_.fadd(err, b_.fmul(al, bl))
+
+    def residual(self, f, a, b):
+        """``f - a·b`` rounded once, for ``a·b`` within an ulp or so of ``f``
+        (a quotient's remainder): one fma, or ``(f - p) - (a·b - p)``, whose
+        first difference is exact (Sterbenz) and second :meth:`product_error`."""
+        if self.fe.target.fma:
+            return self.call("llvm.fma", self.b.fneg(a), b, f)
+        p = self.b.fmul(a, b)
+        return self.b.fsub(self.b.fsub(f, p), self.product_error(a, b, p))
+
     def lt(self, a, b):
         return self.b.fcmp_ordered("<", a, b)
 
@@ -398,6 +435,8 @@ I64 = ir.IntType(64)
 
 class _Ops64(_Ops):
     int_type = I64
+    SPLIT = 134217729.0             # 2^27 + 1, for 53-bit significands
+
     def f(self, v):
         return ir.Constant(self.t(F64), float(v))
 
@@ -741,11 +780,11 @@ def erfc_f64(fe, x):
     c = o.call("llvm.minimum", x, o.f(27.5))
     head, rest = _intervals(o, c, _ERFC_F64, parts=True)
     square = b.fmul(c, c)                               # no contract: the fma below is its exact error
-    tail = o.call("llvm.fma", c, c, b.fneg(square))
+    tail = o.product_error(c, c, square)
     s, e1 = _two_sum(b, head, b.fneg(square))
     s, e2 = _two_sum(b, s, rest)
     e = exp_f64(fe, s)
-    large = o.call("llvm.fma", e, b.fsub(b.fadd(e1, e2), tail), e)
+    large = o.fma(e, b.fsub(b.fadd(e1, e2), tail), e)
     small = o.sub(o.f(1.0), erf_f64(fe, x))
     return b.select(b.fcmp_unordered("<", x, o.f(0.5)), small, large)
 
@@ -839,7 +878,7 @@ def _log_dd_f64(o, a):
     k, f, s, _, _ = _log_parts_f64(o, a)
     t_hi = o.add(o.f(2.0), f)
     t_lo = o.sub(f, o.sub(t_hi, o.f(2.0)))
-    s_lo = o.div(o.sub(o.call("llvm.fma", o.b.fneg(s), t_hi, f), o.mul(s, t_lo)), t_hi)
+    s_lo = o.div(o.sub(o.residual(f, s, t_hi), o.mul(s, t_lo)), t_hi)
     z = o.mul(s, s)
     tail = o.mul(o.mul(s, z), o.horner(z, _ATANH_POLY))
     head = o.mul(k, o.f(_LN2_HI))
@@ -877,10 +916,10 @@ def pow_f64(fe, x, y):
     o = _Ops64(fe, x)
     hi, lo = _log_dd_f64(o, o.call("llvm.fabs", x))
     z = o.mul(y, hi)
-    dz = o.add(o.call("llvm.fma", y, hi, o.b.fneg(z)), o.mul(y, lo))
+    dz = o.add(o.product_error(y, hi, z), o.mul(y, lo))
     r = exp_f64(fe, z)
     finite = o.lt(o.call("llvm.fabs", z), o.f(746.0))                 # inf, NaN: no correction
-    return _pow_specials(o, x, y, o.b.select(finite, o.call("llvm.fma", r, dz, r), r))
+    return _pow_specials(o, x, y, o.b.select(finite, o.fma(r, dz, r), r))
 
 
 def pow_f32(fe, x, y):
