@@ -19,10 +19,12 @@ Two rules, applied until neither applies:
    reduction loop, ``r`` standing for its loop variables, provided the
    schedule will still spread the reduction over threads (``splits``).
 2. **Producer into its consumer.**  A temporary read by one stage only, and
-   there at one index: its own store index with each loop variable standing
-   for a loop of the reader plus a constant offset (a window inside its
-   domain, such as the gradient of a padded input read without its border),
-   is computed in the reader instead: its element body becomes let-bound
+   there at one index in one loop nest (a sum lowered both in a select's
+   branch and outside it reads it in two loops over one variable): its own
+   store index with each loop variable standing for a loop of the reader
+   plus a constant offset (a window inside its domain, such as the gradient
+   of a padded input read without its border), is computed in the reader
+   instead: its element body becomes let-bound
    locals at the top of the innermost of those loops, and its buffer
    disappears.  Only when that computes each element at most once (the
    loops around that point are those loops) and, for a producer whose
@@ -48,8 +50,8 @@ from te_autodiff.expr import Const, Var, add
 from te_autodiff.visit import topo_order
 
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program,
-                      Simd, Stage, Store, children, linear_form, map_stmt, rename, simplify_index, stmt_exprs,
-                      substitute, walk)
+                      Simd, Stage, Store, children, linear_form, loads_in, map_stmt, rename, simplify_index,
+                      stmt_exprs, substitute, walk)
 
 
 @dataclass
@@ -380,7 +382,14 @@ def _inline_plan(p: _Shape, reader: Stage):
     units = [lp for lp in p.loops if lp.extent.value == 1]
     mapping = {lp.var: Const(0, lp.var.dtype) for lp in units}
     by_stride = {k: v for v, k in read[0].items()}
-    loops = {x.var: x for x in walk(reader.body) if isinstance(x, For)}
+    # the loops the read's variables name: a variable may name several loops
+    # of one stage (a reduction lowered both inside a select's branch and
+    # outside it runs two loops over its axis), so each read site resolves
+    # its variables to the loops around it, and all must agree
+    sites = [{lp.var: lp for lp in around} for around in _read_sites(reader.body, p.stage.buffer)]
+    loops = sites[0]
+    if any(site.get(v) is not loops.get(v) for site in sites[1:] for v in read[0]):
+        return None                                  # reads in different loops: no one place computes it
     rest = read[1] - own[1]            # split over the axes: read = own(i + offset), 0 <= offset
     for lp in sorted((lp for lp in p.loops if lp not in units), key=lambda lp: -own[0].get(lp.var, 0)):
         k = own[0].get(lp.var, 0)
@@ -403,6 +412,23 @@ def _inline_plan(p: _Shape, reader: Stage):
     if not _straight(p.body) and not _copies(element, loads[0]):
         return None                                  # a reduction only into a copy of its window
     return inner, mapping, loads[0]
+
+
+def _read_sites(body, buffer) -> list:
+    """For each statement in ``body`` that reads ``buffer``, the loops
+    around it, outermost first (a loop's bounds are read outside it)."""
+    out, stack = [], [(body, [])]
+    while stack:
+        s, loops = stack.pop()
+        if any(ld.buffer is buffer for ld in loads_in(stmt_exprs(s), set())):
+            out.append(loops)
+        if isinstance(s, Block):
+            stack += [(x, loops) for x in reversed(s.stmts)]
+        elif isinstance(s, For):
+            stack.append((s.body, loops + [s]))
+        elif isinstance(s, If):
+            stack += [(x, loops) for x in (s.else_, s.then) if x is not None]
+    return out
 
 
 def _copies(loop: For, load: BufLoad) -> bool:
