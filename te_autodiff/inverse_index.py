@@ -161,6 +161,13 @@ def _unnarrowed(x):
     return x
 
 
+def _read_guarded(conds) -> list:
+    """``conds``, each after the conditions that keep its own tensor reads in
+    range (:func:`~te_autodiff.term.read_guards`), for a key that tests them
+    over a box wider than the points where the program tested them."""
+    return [g for c in conds for g in read_guards([c]) + [c]]
+
+
 class _Sum:
     """A sum ``Σ_{axes in doms} [all(conds)] · body`` being rewritten, used
     only where the conditions ``outer`` on the outer variables hold."""
@@ -228,13 +235,18 @@ class _Sum:
                 # outer conditions and its own conditions on them hold, and where
                 # the key's own reads are in range (a point of the box outside the
                 # program's domain): elsewhere the key may read out of range, and
-                # becomes lo - 1, matching nothing
-                rows = [g for g in self.outer + self.conds if free_vars(g) and free_vars(g) <= set(batch)]
+                # becomes lo - 1, matching nothing.  A condition that reads data
+                # is tested after those keeping its reads in range: the sum's
+                # conditions on other variables, which kept them there in the
+                # program (the slots of an inverse index a gradient read between
+                # the starts of one value), are not the key's
+                rows = _read_guarded([g for g in self.outer + self.conds
+                                      if free_vars(g) and free_vars(g) <= set(batch)])
                 rows += read_guards([key])
-                valid = rows + in_domain + [g for g in self.conds if free_vars(g) & set(positions)
-                                            and free_vars(g) <= set(batch) | set(positions)]
+                valid = rows + in_domain + _read_guarded([g for g in self.conds if free_vars(g) & set(positions)
+                                                          and free_vars(g) <= set(batch) | set(positions)])
                 if valid:
-                    key = select(all_(*valid), key, const(lo - 1, key.dtype))
+                    key = select(all_(*dict.fromkeys(valid)), key, const(lo - 1, key.dtype))
                 if self.scatter(v, key, positions, doms, batch, row, rows + in_domain):
                     return True
                 inv = inverse_index(key, positions, doms, batch, lo, count)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import te_autodiff as te
-from conftest import assert_close, build_grad
+from conftest import assert_close, build_grad, numeric_vjp
 
 F64 = "float64"
 
@@ -330,3 +330,61 @@ def test_a_gather_under_a_select_keeps_the_gather_form_of_its_gradient(rng, guar
     want = np.zeros((K, n))
     np.add.at(want, (k[mask], ids[r[mask], c[mask]]), h[mask])
     check(L, [l, IDX, H][:2], [lv, ids], [want], wrt=[l], head=h, fwd=np.where(mask, lv[k, ids[r, c]], 0.0))
+
+
+def test_second_order_key_reads_data_only_where_the_first_order_did(rng):
+    """``Y[b, a, j] = exp(X[I[j] + j, a + j - 1])`` under the box of that read.
+    Its gradient ``dX`` sums the slots of an inverse index between the starts
+    of one key, and reads ``I`` at ``j`` recovered from a slot.  The second
+    order sorts ``dX``'s slots again, over all of them: the trailing ones hold
+    positions outside the box (``j = 5``), so the key tests its read of ``I``
+    only once that read is known to be in range."""
+    X = te.placeholder((3, 6), F64, "X")
+    I = te.placeholder((5,), "int32", "I")
+    Y = te.compute((2, 2, 5), lambda b, a, j: te.exp(te.if_then_else(
+        te.all(I[j] + j >= 0, I[j] + j < 3, a + j - 1 >= 0, a + j - 1 < 6), X[I[j] + j, a + j - 1], -1.0)),
+        name="Y")
+    H = te.placeholder(Y.shape, F64, "H")
+    (dX,) = te.gradient(Y, [X], head=H)
+    S = te.compute(dX.shape, lambda p, q: dX[p, q] * dX[p, q], name="S")
+    ddX, ddH = te.gradient(S, [X, H])
+    x, ids, h = rng.uniform(-2, 2, (3, 6)), rng.integers(-2, 3, 5).astype("int32"), rng.uniform(-1, 1, (2, 2, 5))
+    y, dx, ddx, ddh = te.build([X, I, H], [Y, dX, ddX, ddH])(x, ids, h)
+
+    # by hand: Y reads X[p, q] at (p, q) = (I[j] + j, a + j - 1) when it is in X
+    want_y = np.full((2, 2, 5), np.exp(-1.0))
+    want_dx, mag = np.zeros((3, 6)), np.zeros((3, 6))       # mag: sum of |terms| of each dX
+    at = {}
+    for b in range(2):
+        for a in range(2):
+            for j in range(5):
+                p, q = ids[j] + j, a + j - 1
+                if 0 <= p < 3 and 0 <= q < 6:
+                    want_y[b, a, j] = np.exp(x[p, q])
+                    want_dx[p, q] += h[b, a, j] * want_y[b, a, j]
+                    mag[p, q] += abs(h[b, a, j] * want_y[b, a, j])
+                    at[b, a, j] = (p, q)
+    want_ddx = 2 * want_dx ** 2                              # d/dX of (e^X G)^2, G the sum of heads
+    want_ddh, mag_h = np.zeros((2, 2, 5)), np.zeros((2, 2, 5))
+    for (b, a, j), pq in at.items():
+        want_ddh[b, a, j] = 2 * want_dx[pq] * want_y[b, a, j]
+        mag_h[b, a, j] = mag[pq] * want_y[b, a, j]
+    # error bounds, eps = ulp(1): exp within an ulp on both sides; dX sums at
+    # most 4 products (8 eps of the sum of their magnitudes, both sides); the
+    # second order multiplies it by 2 dX (or sums 2 dX H Y again) and by Y
+    eps = np.finfo(np.float64).eps
+    assert np.all(np.abs(y - want_y) <= 2 * eps * want_y)
+    assert np.all(np.abs(dx - want_dx) <= 8 * eps * mag)
+    assert np.all(np.abs(ddx - want_ddx) <= 40 * eps * mag ** 2)
+    assert np.all(np.abs(ddh - want_ddh) <= 24 * eps * mag_h)
+
+    # finite differences of sum(S) with I fixed: S is quadratic in H (central
+    # differences exact up to rounding) and e^{2X} G^2 in X (truncation
+    # step^2 / 6 * 8 S); rounding of the 18-term sum over 2 step dominates
+    s_of = te.build([X, I, H], [S])
+    step = 1e-6
+    fd_x, fd_h = numeric_vjp(lambda xv, hv: s_of(xv, ids, hv), [x, h], 1.0, eps=step)
+    total = np.abs(s_of(x, ids, h)).sum()
+    tol = 32 * eps * total / (2 * step) + step ** 2 * 8 * total
+    np.testing.assert_allclose(ddx, fd_x, rtol=0, atol=tol)
+    np.testing.assert_allclose(ddh, fd_h, rtol=0, atol=tol)
