@@ -124,13 +124,15 @@ def _conditions(cond, truth: bool) -> list:
 
 
 def _compares_integers(cond) -> bool:
-    """Whether the ``and``/``or``/``not`` tree of ``cond`` holds a comparison of integers."""
+    """Whether the ``and``/``or``/``not`` tree of ``cond`` holds a comparison of
+    integers or a constant (a contradiction the constructors folded to false:
+    a read under it never runs)."""
     stack = [cond]
     while stack:
         c = stack.pop()
         if isinstance(c, Logic):
             stack += [c.a] if c.b is None else [c.a, c.b]
-        elif isinstance(c, Cmp) and dt.is_int(c.a.dtype):
+        elif isinstance(c, Const) or isinstance(c, Cmp) and dt.is_int(c.a.dtype):
             return True
     return False
 

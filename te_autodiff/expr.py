@@ -8,7 +8,9 @@ equality is spelled ``te.equal(a, b)``.
 
 The smart constructors at the bottom (``add``, ``mul``, ``select``...) fold
 constants and the obvious identities (``x*1``, ``x+0``, ``x*0``) so that
-derivatives stay small; anything heavier lives in ``simplify.py``.
+derivatives stay small, and contradictory conditions to false
+(``conditions.py``: ``c and not c``, a select nested under a condition
+that rules out its own).
 """
 from __future__ import annotations
 
@@ -551,7 +553,11 @@ def logic_and(a, b) -> Expr:
         return b if a.value else a
     if is_const(b):
         return a if b.value else b
-    return a if a is b else Logic("and", a, b)
+    if a is b:
+        return a
+    if _conditions.contradict(a, b):      # c and not c, i == 0 and i >= 1 ...
+        return const(False, "bool")
+    return Logic("and", a, b)
 
 
 def logic_or(a, b) -> Expr:
@@ -596,6 +602,15 @@ def select(cond, a, b) -> Expr:
     a, b = _unify(a, b)
     if is_const(cond):
         return a if cond.value else b
+    # a branch that is itself a select whose condition the outer one decides
+    # against takes its other branch (the adjoint of an else branch,
+    # select(not t, g, 0), under a consumer's guard select(t, ..., 0) is 0)
+    while isinstance(a, Select) and _conditions.contradict(cond, a.cond):
+        a = a.b
+    if isinstance(b, Select):
+        otherwise = logic_not(cond)
+        while isinstance(b, Select) and _conditions.contradict(otherwise, b.cond):
+            b = b.b
     if a is b:
         return a
     return Select(cond, a, b)
@@ -644,4 +659,5 @@ def identity_of(op: str, dtype: str):
     raise ValueError(f"unknown reduction {op!r}")
 
 
+from . import conditions as _conditions   # noqa: E402  (it reads this module's node classes)
 from . import ops as _ops      # noqa: E402  (the table reads this module's constructors)

@@ -45,7 +45,7 @@ log = logging.getLogger("te_autodiff.zero_elim")
 def gather(term: Term):
     """``term`` summed over its non-zero region only (equal to ``naive(term)``)."""
     parts = _additive_parts(term.value)
-    if len(parts) > 1 and any(_split(p)[0] for p in parts):
+    if len(parts) > 1 and any(_split(p)[0] for _, p in parts):
         total = const(0, term.dtype)
         for sign, p in parts:
             piece = _Gather(Term(term.eq_vars, term.indices, p, term.sum_axes, term.sum_doms)).run()
@@ -58,16 +58,37 @@ _MAX_PARTS = 8
 
 
 def _additive_parts(e):
-    """``e`` as signed summands ``[(±1, part)]`` of its top-level + and -
-    (at most ``_MAX_PARTS``: a shared sum is not unfolded into a tree)."""
+    """``e`` as signed summands ``[(±1, part)]`` of its top-level + and -,
+    and of the sums a product multiplies when one of their summands is
+    guarded (``k · (select(c, a, 0) + b)`` gives ``k · select(c, a, 0)`` and
+    ``k · b``): reverse mode takes the factor two contributions share out of
+    their sum (``derivative.factored_sum``), which hides their guards from
+    :func:`_split`; summed as one, the term would run over its whole domain,
+    where a non-finite factor times a guard's 0 is NaN.  At most
+    ``_MAX_PARTS``: a shared sum is not unfolded into a tree."""
     parts, stack = [], [(1, e)]
     while stack:
         sign, x = stack.pop()
-        if isinstance(x, BinOp) and x.op in ("add", "sub") and len(parts) + len(stack) < _MAX_PARTS:
+        room = len(parts) + len(stack) < _MAX_PARTS
+        if room and isinstance(x, BinOp) and x.op in ("add", "sub"):
             stack += [(sign, x.a), (-sign if x.op == "sub" else sign, x.b)]
+        elif room and _guarded_sum_factor(x) is not None:
+            s = _guarded_sum_factor(x)
+            times = (lambda y: mul(x.a, y)) if s is x.b else (lambda y: mul(y, x.b))
+            stack += [(sign, times(s.a)), (-sign if s.op == "sub" else sign, times(s.b))]
         else:
             parts.append((sign, x))
     return parts
+
+
+def _guarded_sum_factor(x):
+    """The operand of the product ``x`` that is a sum with a guarded summand, or None."""
+    if not (isinstance(x, BinOp) and x.op == "mul" and x.a.dtype == x.b.dtype == x.dtype):
+        return None
+    for s in (x.b, x.a):
+        if isinstance(s, BinOp) and s.op in ("add", "sub") and (_split(s.a)[0] or _split(s.b)[0]):
+            return s
+    return None
 
 
 def _split(e, memo=None):

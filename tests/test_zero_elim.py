@@ -463,3 +463,61 @@ def test_naive_gradient_of_guarded_product_builds(rng):
     ref[:n - 2] += x[2:]
     ref[2:] += x[:n - 2]
     assert close(te.build([X], [g])(x), ref)
+
+
+# --------------------------------------------------------------------------- contradictory guards
+
+
+SELECT_EDGE_GUARDS = {
+    "i - 1 != -1": lambda i: te.not_equal(i - 1, -1),
+    "i >= 1": lambda i: i >= 1,
+    "not i == 0": lambda i: te.not_(te.equal(i, 0)),
+}
+
+
+@pytest.mark.parametrize("guard", sorted(SELECT_EDGE_GUARDS))
+def test_second_order_gradient_through_a_select_edge(rng, guard):
+    """Y[i] = cos(select(guard(i), X[i - 1], X[0])) reads X[0] at i = 0 and
+    i = 1.  The second-order gradient of sum(dX²) gets, for X[0], the
+    adjoint of the select's else branch under the first gradient's own
+    guard, ``select(t, select(not t, ...), 0)``: a contradiction, which must
+    fold to zero so that zero elimination keeps only i0' = 0 of the sum over
+    i0'.  Summed whole, ddX[1] · 0 leaked a NaN of X[1] into ddX[0]."""
+    n = 7
+    X = te.placeholder((n,), F64, "X")
+    Y = te.compute((n,), lambda i: te.cos(te.if_then_else(SELECT_EDGE_GUARDS[guard](i), X[i - 1], X[0])),
+                   name="Y")
+    H = te.placeholder((n,), F64, "H")
+    dX, = te.gradient(Y, [X], head=H)
+    S = te.compute((n,), lambda a: dX[a] * dX[a], name="S")
+    ddX, ddH = te.gradient(S, [X, H])
+    assert "sum[" not in te.pretty([ddX, ddH])
+    # dX, ddX and ddH: n elements each, none a sum over another axis
+    assert te.cost([X, H], [ddX, ddH])["iterations"] <= 3 * n
+
+    def reference(x, h):
+        with np.errstate(invalid="ignore"):         # sin(inf): NaN
+            s, c = np.sin(x), np.cos(x)
+        dx, ddx, ddh = np.zeros(n), np.zeros(n), np.zeros(n)
+        dx[0] = -(h[0] + h[1]) * s[0]
+        dx[1:-1] = -h[2:] * s[1:-1]
+        ddx[0] = 2 * dx[0] * -(h[0] + h[1]) * c[0]
+        ddx[1:-1] = 2 * dx[1:-1] * -h[2:] * c[1:-1]
+        ddh[:2] = 2 * dx[0] * -s[0]
+        ddh[2:] = 2 * dx[1:-1] * -s[1:-1]
+        return ddx, ddh
+
+    f = te.build([X, H], [ddX, ddH])
+    x, h = rng.uniform(-2, 2, n), rng.uniform(-1, 1, n)
+    # each value is a product of at most six rounded factors (sin and cos
+    # within a few ulp) and of H[0] + H[1], which te may sum after the
+    # products: an absolute error of a few ulp of |2·(|H0| + |H1|)²| <= 8
+    bound = 16 * np.finfo(np.float64).eps
+    for got, want in zip(f(x, h), reference(x, h)):
+        np.testing.assert_allclose(got, want, rtol=bound, atol=8 * bound)
+    te.check_gradient(S, [X, H], [x, h], rtol=1e-6, atol=1e-8)
+    x[1] = np.inf                   # NaN in dX[1], ddX[1] and ddH[2] only, as numpy (and torch) give
+    got, want = f(x, h), reference(x, h)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_allclose(g[~np.isnan(w)], w[~np.isnan(w)], rtol=bound, atol=8 * bound)
