@@ -200,12 +200,17 @@ class _Sum:
                 e = cast(dt.INDEX, e)
                 self.conds.remove(c)
                 # s's range, now e's, before the conditions on s (they may read at
-                # e only where it holds), after the others (which may keep e's own
-                # reads in range)
+                # e only where it holds), after the others and after the range
+                # guards of e's own reads: a condition on s may be what kept those
+                # in range (zero elimination bounds a point by one max(...) <= z,
+                # a bound from a condition on s beside those from the domain of
+                # e's index), and it now reads at e itself.  Where e's reads leave
+                # their tensors no point meets the sum's conditions: the summand
+                # is zero there
                 others = [d for d in self.conds if s not in free_vars(d)]
                 self.conds = others + [d for d in self.conds if s in free_vars(d)]
                 self.replace({s: e}, {s})
-                self.conds.insert(len(others), all_(e >= first, e < first + ext))
+                self.conds[len(others):len(others)] = _read_guarded([all_(e >= first, e < first + ext)])
                 return True
         return False
 

@@ -388,3 +388,72 @@ def test_second_order_key_reads_data_only_where_the_first_order_did(rng):
     tol = 32 * eps * total / (2 * step) + step ** 2 * 8 * total
     np.testing.assert_allclose(ddx, fd_x, rtol=0, atol=tol)
     np.testing.assert_allclose(ddh, fd_h, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("B", [2, 24])          # b within X's first row, and across two rows
+def test_key_row_of_a_flattened_read_under_a_select(rng, B):
+    """``T[a, b] = select(b + 2a > 0, cos(X[b // 20, b // 4 % 5, b % 4]), 0)``
+    reads X as if flattened, and ``Y[a] = T[I[a], a]`` reads T at a key row.
+    Zero elimination solves ``b`` for X's element, a point bounded by one
+    ``max(...) <= z`` that holds both b's domain and ``b + 2a > 0``, and
+    then ``a == I[b]`` by substitution: that bound now reads I at b, so the
+    range of b must be tested before it, on its own (te.build raised
+    IndexError: dX read I, or H, out of range)."""
+    X = te.placeholder((3, 5, 4), F64, "X")
+    I = te.placeholder((B,), "int64", "I")
+    T = te.compute((4, B), lambda a, b: te.if_then_else(b + 2 * a > 0, te.cos(X[b // 20, (b // 4) % 5, b % 4]),
+                                                        0.0), name="T")
+    Y = te.compute((B,), lambda a: T[I[a], a], name="Y")
+    x, ids, h = rng.uniform(-2, 2, (3, 5, 4)), rng.integers(0, 4, B), rng.uniform(-1, 1, B)
+    ids[0] = 0                                  # a = b = 0: the select's condition fails
+    r = build_grad(Y, [X, I], [x, ids], wrt=[X], head=h)
+
+    # by hand: Y[a] reads X.flat[a] where a + 2 I[a] > 0
+    taken = np.arange(B) + 2 * ids > 0
+    flat = x.reshape(-1)[:B]
+    want_y = np.where(taken, np.cos(flat), 0.0)
+    want_dx = np.zeros(x.size)
+    want_dx[:B] = np.where(taken, -h * np.sin(flat), 0.0)
+    # te's sin and cos within 1.4 ulp (test_math_bodies.py), numpy's within
+    # one, and one rounded product on each side: 4 eps of the value
+    eps = np.finfo(np.float64).eps
+    assert np.all(np.abs(r.fwd - want_y) <= 4 * eps * np.abs(want_y))
+    for got in r.grads + r.naive:
+        assert np.all(np.abs(got.reshape(-1) - want_dx) <= 4 * eps * np.abs(want_dx))
+
+    # central differences of sum(H * Y): each step moves one Y[a]; rounding of
+    # the B-term sum over 2 step, truncation step^2 / 6 * |H cos'''|
+    fwd = te.build([X, I], [Y])
+    step = 1e-6
+    (fd,) = numeric_vjp(lambda xv: fwd(xv, ids), [x], h, eps=step)
+    tol = 4 * eps * np.abs(h).sum() / (2 * step) + step ** 2 / 6 * np.abs(h).max()
+    np.testing.assert_allclose(r.grads[0], fd, rtol=0, atol=tol)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 4)), K=st.integers(1, 4),
+       B=st.integers(1, 30), c=st.integers(-2, 2), d=st.integers(-3, 3), seed=st.integers(0, 2**16))
+def test_key_rows_of_flattened_reads_match_numpy(shape, K, B, c, d, seed):
+    """``Y[a] = T[I[a], a]`` with ``T[k, b] = select(b + c·k > d, cos(X.flat[b]), 0)``
+    (X read through ``//`` and ``%`` as if flattened) for random shapes,
+    conditions and keys: zero elimination with the key substituted equals
+    the literal sum (``optimize=False``) and numpy, and builds (every read
+    it makes is in range)."""
+    P, Q, R = shape
+    B = min(B, P * Q * R)
+    r = np.random.default_rng(seed)
+    X = te.placeholder(shape, F64, "X")
+    I = te.placeholder((B,), "int64", "I")
+    T = te.compute((K, B), lambda k, b: te.if_then_else(b + c * k > d, te.cos(X[b // (Q * R), b // R % Q, b % R]),
+                                                        0.0), name="T")
+    Y = te.compute((B,), lambda a: T[I[a], a], name="Y")
+    H = te.placeholder((B,), F64, "H")
+    (fast,), (slow,) = te.gradient(Y, [X], head=H), te.gradient(Y, [X], head=H, optimize=False)
+    x, ids, h = r.uniform(-2, 2, shape), r.integers(0, K, B), r.uniform(-1, 1, B)
+    got, want = te.build([X, I, H], [fast, slow])(x, ids, h)
+    ref = np.zeros(x.size)
+    ref[:B] = np.where(np.arange(B) + c * ids > d, -h * np.sin(x.reshape(-1)[:B]), 0.0)
+    # one product of sin (1.4 ulp in te, one in numpy) and H on each side
+    bound = 4 * np.finfo(np.float64).eps * np.abs(ref)
+    assert np.all(np.abs(got.reshape(-1) - ref) <= bound)
+    assert np.all(np.abs(want.reshape(-1) - ref) <= bound)
