@@ -32,7 +32,7 @@ from arith import LinearExpr, LinearSystem, fourier_motzkin, is_feasible, is_imp
 from arith import Var as ArithVar
 
 from . import dtype as dt
-from .expr import (BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var, all_, compare, const,
+from .expr import (BinOp, Cast, Cmp, Const, Logic, Reduce, Select, Unary, Var, all_, compare, const,
                    floordiv, is_const, logic_not, maximum, minimum, mod, mul, neg, reduce, select, var)
 from .inverse_index import solve_data_equalities
 from .pretty import expr_str
@@ -46,12 +46,36 @@ def gather(term: Term):
     """``term`` summed over its non-zero region only (equal to ``naive(term)``)."""
     parts = _additive_parts(term.value)
     if len(parts) > 1 and any(_split(p)[0] for _, p in parts):
-        total = const(0, term.dtype)
-        for sign, p in parts:
-            piece = _Gather(Term(term.eq_vars, term.indices, p, term.sum_axes, term.sum_doms)).run()
-            total = total + piece if sign > 0 else total - piece
-        return total
+        return _rejoined([(sign, _Gather(Term(term.eq_vars, term.indices, p, term.sum_axes, term.sum_doms)).run())
+                          for sign, p in parts], term.dtype)
     return _Gather(term).run()
+
+
+def _rejoined(pieces, dtype):
+    """The signed ``pieces`` added up, those that are sums over one domain
+    (``Σ body`` or ``select(c, Σ body, 0)``, ``c`` on outer variables) as one
+    sum again: where gathering a part apart narrowed none of its sums (a
+    guard on the result's own variables), its own sum would only be another
+    stage reading the same data."""
+    groups, total = {}, const(0, dtype)
+    for sign, x in pieces:
+        r = x.a if isinstance(x, Select) and is_const(x.b, 0) else x
+        if isinstance(r, Reduce) and r.op == "sum":
+            groups.setdefault(r.doms, []).append((sign, x, r))
+        else:
+            total = total + x if sign > 0 else total - x
+    for doms, group in groups.items():
+        if len(group) == 1:
+            (sign, x, _), = group
+            total = total + x if sign > 0 else total - x
+            continue
+        axes, body = group[0][2].axes, const(0, dtype)
+        for sign, x, r in group:
+            own = substitute(r.body, dict(zip(r.axes, axes)))
+            own = select(x.cond, own, const(0, dtype)) if x is not r else own
+            body = body + own if sign > 0 else body - own
+        total = total + reduce("sum", body, axes, doms)
+    return total
 
 
 _MAX_PARTS = 8
