@@ -64,8 +64,8 @@ from te_autodiff.visit import topo_order
 from te_autodiff.ops import OPS
 
 from .fast_math import BODIES
-from .loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
-                      Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
+from .loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, IntPower, LaneReduce,
+                      Local, Program, Simd, Stage, Store, children, free_leaves, linear_form, simplify_index,
                       stage_buffers, stmt_exprs, stride, substitute, walk)
 from . import share
 from .target import Target
@@ -216,24 +216,48 @@ MULTIPLIED_POWERS = 16     # x ** n for a constant integer |n| up to this: multi
 
 
 def _power(fe, e, vals):
-    """``a ** b``: by multiplications where ``b`` is an integer, a constant
-    (:func:`_power_by_squaring`) or an integer expression converted to float
-    (``te.power(t, j)`` with ``j`` an index: :meth:`_FunctionEmitter.powi`),
-    else the pow body.  float32 multiplies in float64 (past ``x * x``): the
+    """``a ** b``: by multiplications where ``b`` is a constant integer
+    (:func:`_power_by_squaring`), else the pow body (an integer exponent
+    whose range is known was made an :class:`IntPower` or a running product
+    by ``powers.py``).  float32 multiplies in float64 (past ``x * x``): the
     result rounds once."""
-    x, y = vals
+    x = vals[0]
     n = e.b.value if isinstance(e.b, Const) else None
-    by_parts = n is not None and float(n).is_integer() and abs(n) <= MULTIPLIED_POWERS
-    if not (by_parts or isinstance(e.b, Cast) and dt.is_int(e.b.a.dtype)):
+    if not (n is not None and float(n).is_integer() and abs(n) <= MULTIPLIED_POWERS):
         return fe.math("pow", vals)
-    exact = by_parts and n in (-1, 2)          # one rounding anyway
-    wide = x.type if exact or _element(x.type) == VALUE_TYPE["float64"] else _shaped(VALUE_TYPE["float64"], x)
-    xw = x if wide == x.type else fe.b.fpext(x, wide)
-    if by_parts:
-        out = _power_by_squaring(fe, xw, int(n))
-    else:
-        out = fe.powi(xw, _cast_float_int(fe, y, _shaped(I64, y)))
-    return out if wide == x.type else fe.b.fptrunc(out, x.type)
+    xw = x if n in (-1, 2) else _wide(fe, x)                # one rounding anyway
+    out = _power_by_squaring(fe, xw, int(n))
+    return out if out.type == x.type else fe.b.fptrunc(out, x.type)
+
+
+def _wide(fe, x):
+    """``x`` in float64 (float32 powers multiply in float64 and round once)."""
+    wide = _shaped(VALUE_TYPE["float64"], x)
+    return x if wide == x.type else fe.b.fpext(x, wide)
+
+
+def _int_power(fe, e, vals):
+    """:class:`~lowering.loop_ir.IntPower`: ``x ** k`` by square-and-multiply
+    over the ``e.bits`` low bits of ``|k|``, each bit a select between the
+    product with the current square and the product without it (no branch:
+    every lane runs the same instructions), then ``1 / x ** |k|`` where
+    ``k < 0`` when ``e.signed``.  The products are in float64, rounded once
+    to float32."""
+    x, k = vals
+    b = fe.b
+    xw = _wide(fe, x)
+    one = ir.Constant(xw.type, 1.0)
+    m = _int_abs(fe, k) if e.signed else k
+    acc, square = None, xw
+    for bit in range(e.bits):
+        on = b.trunc(b.lshr(m, ir.Constant(m.type, bit)) if bit else m, _shaped(I1, m))
+        acc = b.select(on, square, one) if acc is None else b.select(on, b.fmul(acc, square), acc)
+        if bit + 1 < e.bits:
+            square = b.fmul(square, square)
+    acc = one if acc is None else acc
+    if e.signed:
+        acc = b.select(b.icmp_signed("<", k, ir.Constant(k.type, 0)), b.fdiv(one, acc), acc)
+    return acc if acc.type == x.type else b.fptrunc(acc, x.type)
 
 
 def _power_by_squaring(fe, x, n):
@@ -328,6 +352,7 @@ _EXPR = {
     BufLoad: lambda fe, e, v: fe.load(e, v[0]),
     GuardedLoad: lambda fe, e, v: fe.load(e, v[0], v[1]),
     LaneReduce: lambda fe, e, v: fe.lane_reduce(e, v[0]),
+    IntPower: _int_power,
     AlignGap: lambda fe, e, v: fe.align_gap(e),
     Local: lambda fe, e, v: fe.b.load(fe.locals[e], typ=fe.local_type[e]),
 }
@@ -564,28 +589,6 @@ class _FunctionEmitter(_Emitter):
     def _reduce(self, op, v):
         t = v.type
         return self.b.call(self.intrinsic(f"llvm.vector.reduce.{op}.{_mangle(t)}", t.element, [t]), [v])
-
-    def powi(self, x, n):
-        """``x ** n`` for an int64 ``n`` (scalar or vector like ``x``):
-        square-and-multiply over the bits of ``|n|``, a loop that runs while
-        a lane has bits left; ``1 / x ** |n|`` where ``n < 0``."""
-        b, t = self.b, x.type
-        m = b.call(self.intrinsic(f"llvm.abs.{_mangle(n.type)}", n.type, [n.type, I1]), [n, ir.Constant(I1, 0)])
-        entry = b.block
-        loop, done = self.fn.append_basic_block("powi.loop"), self.fn.append_basic_block("powi.done")
-        b.branch(loop)
-        b.position_at_end(loop)
-        acc, p, k = b.phi(t), b.phi(t), b.phi(m.type)
-        acc2 = b.select(b.trunc(k, _shaped(I1, k)), b.fmul(acc, p), acc)
-        p2, k2 = b.fmul(p, p), b.lshr(k, ir.Constant(k.type, 1))
-        more = b.icmp_unsigned("!=", k2, ir.Constant(k.type, 0))
-        b.cbranch(self.any_lane(more) if isinstance(t, ir.VectorType) else more, loop, done)
-        for phi, first, then in ((acc, ir.Constant(t, 1.0), acc2), (p, x, p2), (k, m, k2)):
-            phi.add_incoming(first, entry)
-            phi.add_incoming(then, loop)
-        b.position_at_end(done)
-        negative = b.icmp_signed("<", n, ir.Constant(n.type, 0))
-        return b.select(negative, b.fdiv(ir.Constant(t, 1.0), acc2), acc2)
 
     def any_lane(self, mask):
         return self._reduce("or", mask)

@@ -117,6 +117,26 @@ class AlignGap(Expr):
         return f"<AlignGap {expr_text(self)}>"
 
 
+class IntPower(Expr):
+    """``base ** exponent`` for an integer ``exponent`` known to lie in
+    ``[0, 2**bits)``, or with ``signed`` in ``(-2**bits, 2**bits)``:
+    square-and-multiply over the ``bits`` low bits of ``|exponent|`` with a
+    select per bit instead of a branch, so every lane of a vector does the
+    same work, and ``1 / base ** |exponent|`` where the exponent is
+    negative.  Made by ``powers.py`` from a ``te.power`` whose exponent is
+    an integer converted to float and whose range the bounds analysis knows;
+    printed ``powi(base, exponent, bits)``."""
+
+    __slots__ = ("base", "exponent", "bits", "signed")
+    fields = ("base", "exponent", "bits", "signed")
+
+    def _init(self):
+        object.__setattr__(self, "dtype", self.base.dtype)
+
+    def __repr__(self):
+        return f"<IntPower {expr_text(self)}>"
+
+
 class Local(Expr):
     """A scalar local variable, unique by ``name`` within one stage."""
 
@@ -140,6 +160,8 @@ def children(e: Expr) -> tuple:
         return (e.value,)
     if isinstance(e, AlignGap):
         return ()
+    if isinstance(e, IntPower):
+        return (e.base, e.exponent)
     return te_children(e)
 
 
@@ -534,6 +556,12 @@ def _guarded_load(p, e):
     return f"{access} if {cond} else 0", -2
 
 
+def _int_power(p, e):
+    base = yield e.base, 0
+    exponent = yield e.exponent, 0
+    return f"powi({base}, {exponent}, {'±' if e.signed else ''}{e.bits} bits)", 3
+
+
 def _load(p, e):
     indices = []
     for i in e.indices:
@@ -548,6 +576,7 @@ _FORMAT = {
     Select: lambda p, e: p.call("select", (e.cond, 0), (e.a, 0), (e.b, 0)),
     BufLoad: lambda p, e: (p.access(e.buffer, e.index), 3),
     LaneReduce: lambda p, e: p.call(f"{e.op}_lanes", (e.value, 0)),
+    IntPower: _int_power,
     AlignGap: lambda p, e: (p.align_gap(e), 3),
     GuardedLoad: _guarded_load,
     Local: lambda p, e: (p.local(e), 3),
@@ -591,6 +620,8 @@ def _rebuild(e, kids):
         return e if kids[0] is e.index and kids[1] is e.cond else GuardedLoad(e.buffer, *kids)
     if isinstance(e, LaneReduce):
         return e if kids[0] is e.value else LaneReduce(e.op, kids[0], e.identity)
+    if isinstance(e, IntPower):
+        return e if kids[0] is e.base and kids[1] is e.exponent else IntPower(*kids, e.bits, e.signed)
     if isinstance(e, Select) and kids[1].dtype == kids[2].dtype == "bool":    # keep bool (te's
         if isinstance(kids[0], Const):                                        # select makes int32)
             return kids[1] if kids[0].value else kids[2]

@@ -17,6 +17,7 @@ from .cost import count_iterations
 from .fuse import fuse
 from .loop_ir import Program
 from .lower import lower, validate
+from .powers import integer_powers
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
 from .target import Target, target as resolve_target
@@ -35,9 +36,11 @@ class Lowered:
 
 def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Program:
     """Steps 2 and 3: fuse stages over one domain (unless ``fusion`` is
-    False), then schedule every stage for ``target``."""
+    False), then schedule every stage for ``target``; with the loops fixed,
+    integer powers become running products and multiplications
+    (``powers.py``)."""
     fused = fuse(plain, splits_reduction) if fusion else plain
-    return schedule(fused, target)
+    return integer_powers(schedule(fused, target))
 
 
 def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Lowered:

@@ -67,7 +67,7 @@ import numpy as np
 from te_autodiff.ops import is_transcendental
 
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
-from .loop_ir import Block, Const, For, If, Program, Simd, children, stmt_exprs
+from .loop_ir import Block, Const, For, If, IntPower, Program, Simd, children, stmt_exprs
 from . import llvm_process
 from .native_call import Descriptor
 from .target import (Target, data_layout, default_threads, initialise_llvm, target_machine,
@@ -285,14 +285,17 @@ def _work(stmt) -> int:
 
 def _ops(stmt) -> int:
     """A quarter of the float operations of one statement (index arithmetic is
-    free, a load counts 4, a transcendental function 64)."""
+    free, a load counts 4, a transcendental function 64, an integer power 3
+    per bit of its exponent)."""
     seen, stack, total = set(), list(stmt_exprs(stmt)), 0
     while stack:
         e = stack.pop()
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if e.dtype.startswith("float"):
+        if isinstance(e, IntPower):                 # a square, a product and a select per bit
+            total += 3 * e.bits
+        elif e.dtype.startswith("float"):
             total += 64 if is_transcendental(getattr(e, "op", None)) else 4 if hasattr(e, "buffer") else 1
         stack += children(e)
     return max(1, total // 4)

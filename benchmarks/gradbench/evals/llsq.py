@@ -3,9 +3,11 @@
     t_i = -1 + i * 2 / (n - 1),   s_i = sign(t_i),
     y(x) = 1/2 sum_i (s_i - sum_j x_j t_i^j)²
 
-with ``t_i^j`` as ``te.power`` and the sign as the two comparisons
-(``te.sign`` is not in this build of te-autodiff); ``n`` is part of the
-input, ``m`` the length of ``x``.
+written as GradBench's README states it: ``s_i`` as ``te.sign`` and
+``t_i^j`` as ``te.power`` with the index ``j`` as its exponent (the
+lowering makes that a running product along ``j`` where ``j`` is a
+sequential loop, multiplications elsewhere); ``n`` is part of the input,
+``m`` the length of ``x``.
 """
 from functools import lru_cache
 
@@ -20,8 +22,7 @@ def objective(x: te.Tensor, n: int) -> te.Tensor:
     """y(x), shape (1,)."""
     m = x.shape[0]
     t = te.compute((n,), lambda i: -1.0 + i.astype("float64") * 2.0 / (n - 1), name="t")
-    s = te.compute((n,), lambda i: te.if_then_else(t[i] > 0.0, 1.0, te.if_then_else(t[i] < 0.0, -1.0, 0.0)),
-                   name="s")
+    s = te.compute((n,), lambda i: te.sign(t[i]), name="s")
     j = te.reduce_axis(m, name="j")
     r = te.compute((n,), lambda i: s[i] - te.sum(x[j] * te.power(t[i], j.astype("float64")), axis=j), name="r")
     i = te.reduce_axis(n, name="i")
