@@ -543,8 +543,8 @@ class _FunctionEmitter(_Emitter):
         register tile's epilogue applies it to each of its vectors (an RNN
         step: 16 tanh), and as many inline copies (~60 instructions and a
         branch each) would multiply LLVM's work.  In a streaming loop a call
-        is not free: with every use a call, the elementwise benchmark kernel
-        ran 1.5 times as long."""
+        is not free (the vector registers live across it are saved and
+        restored), so a stage with few uses keeps them inline."""
         t = args[0].type
         if not isinstance(t, ir.VectorType) or self.math_uses[op] <= INLINE_MATH_USES:
             return body(self, *args)
@@ -932,10 +932,9 @@ class _FunctionEmitter(_Emitter):
         at or above ``m``, are transposed ``p`` lanes at a time
         (:meth:`_transposed`).  A scatter costs a store and an extraction
         per element; this ``p log2 p`` shuffles per ``p`` lanes and a store
-        per row.  The benchmark's forward conv2d (NCHW output, lanes over
-        the channels) ran 0.471 -> 0.455 ms built for AVX2 and 0.257 ->
-        0.232 with AVX-512, on an AMD EPYC Zen 5, as fast as with an NHWC
-        output (contiguous along the channels)."""
+        per row, so an output whose lanes run across rows (conv2d's NCHW
+        output, lanes over the channels) is written about as fast as a
+        contiguous one."""
         width = self.lanes.width
         values = {s: self.splat(self.expr(s.value), width) for g in groups for s in g}
         for group in groups:
@@ -1012,8 +1011,8 @@ class _FunctionEmitter(_Emitter):
         next iteration of the innermost loop that moves the store (a row
         written in order).  A store that leaves a line half written (a
         transposed tile: the next store goes to another row) would make the
-        processor's few write-combining buffers flush partial lines: writing
-        a transpose that way took twice as long as through the caches."""
+        processor's few write-combining buffers flush partial lines, slower
+        than writing through the caches."""
         offsets = {}
         for _, buf, (terms, c), _, _ in self.stream:
             offsets.setdefault((buf, frozenset(terms.items())), set()).add(c)
@@ -1182,10 +1181,9 @@ def emit_modules(program: Program, groups: list, target: Target, data_layout: st
 # LLVM's time for a stage group, in characters of its loop-IR text: a fixed
 # part for its functions, its text, and for each transcendental function the
 # vector instructions of its inline code (fast_math.py; one copy when the
-# group calls it).  Only the ratios matter (they balance the modules); on
-# Zen 3 a character is ~14 us at -O3.
+# group calls it).  Only the ratios matter (they balance the modules).
 GROUP_TEXT, MATH_TEXT = 1_000, 600
-PART_TEXT = 10_000      # weight worth an LLVM process of its own: ~0.15 s of LLVM time
+PART_TEXT = 10_000      # weight worth an LLVM process of its own
 _MATH_CALL = re.compile(r"\b(" + "|".join(sorted({op for op, _ in BODIES})) + r")\(")
 
 

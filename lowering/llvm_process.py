@@ -41,8 +41,8 @@ import llvmlite.binding as llvm
 
 log = logging.getLogger("te_autodiff.llvm")
 
-MAX_WORKERS = 4                 # LLVM processes at most (each holds 70-100 MB, plus its leak)
-RESTART_AFTER = 256             # requests one child serves before it is replaced (its leak: ~25 MB)
+MAX_WORKERS = 4                 # LLVM processes at most (each holds LLVM's memory, plus its leak)
+RESTART_AFTER = 256             # requests one child serves before it is replaced (bounds its leak)
 TIMEOUT = 300.0                 # seconds one request may take (a large kernel takes a few)
 SLP_SECONDS, SLP_SECONDS_PER_KB = 10.0, 0.1     # see slp_budget
 
@@ -349,9 +349,10 @@ def slp_budget(ir_text: str) -> float:
     LLVM 22.1's VectorCombine looped forever on the shuffles SLP made of some
     index arithmetic (llvm-project issue 211984, fixed by pull 211717 after
     22.1); it is switched off (``_initialise``), and this budget keeps any
-    other such loop from hanging a build.  No te kernel needs more than
-    ~25 ms per KB of IR even on a loaded machine, so four times that plus a
-    fixed allowance is a hang."""
+    other such loop from hanging a build.  The budget is a fixed allowance
+    plus four times the slowest optimisation per KB of IR seen for a te
+    kernel on a loaded machine (``benchmarks/README.md``): past it, the
+    optimisation is a hang."""
     return SLP_SECONDS + SLP_SECONDS_PER_KB * len(ir_text) / 1024
 
 

@@ -20,9 +20,10 @@ one wrote in their own core's cache.
 
 A kernel call is one native call when libgomp is installed: ``run_stages``
 runs every stage and hands a large one to libgomp's thread team
-(``GOMP_parallel``, about 2 us per split stage).  Without libgomp, runs of
-small stages are one native call each and a large stage is split across a
-Python thread pool (ctypes releases the GIL; about 30 us per split stage).
+(``GOMP_parallel``, a few microseconds per split stage).  Without libgomp,
+runs of small stages are one native call each and a large stage is split
+across a Python thread pool (ctypes releases the GIL; an order of magnitude
+more per split stage).
 Python per call: argument checks, one table of buffer addresses, the output
 allocations (aligned to ``Target.alignment``); temporaries live in one aligned block per
 kernel and thread, reused by later calls.  A kernel whose stages all run on
@@ -35,9 +36,9 @@ A stage inside a scan's time loop forks and joins at every step, and on a
 busy machine every one of those waits for a descheduled thread: it is split
 when one step of it is long (``STEP_PARALLEL_US``), and a shorter step
 (down to ``STEP_MEASURED_US``) only while the kernel's own calls show that
-splitting it pays (:class:`_StepSplit`: with its steps split, the LSTM
-benchmark kernel ran 1.7 times as fast on an idle 2-core AMD EPYC, and 1.8
-times as slow with one core taken by another process).  Without libgomp, the stages of a time loop run on one
+splitting it pays (:class:`_StepSplit`: split steps make the LSTM
+benchmark kernel faster on an idle machine and slower when another process
+takes a core).  Without libgomp, the stages of a time loop run on one
 thread (``run_stages`` loops over them in one native call).
 
 Every element is computed by the same machine code whatever the chunking
@@ -75,8 +76,8 @@ from .target import (Target, data_layout, default_threads, initialise_llvm, targ
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
 PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
-                                 # below which a stage runs on one thread (Python pool: ~30 us)
-PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs ~2 us)
+                                 # below which a stage runs on one thread (a Python pool's split is costly)
+PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs far less)
 SERIAL_KERNEL_US = 64            # kernels estimated (_estimate_us) to take less than this on one
                                  # thread run on one thread
 STEP_PARALLEL_US = 200           # a stage of a scan's time loop estimated to take at least this per
@@ -368,7 +369,7 @@ class _StepSplit:
     times) and now and then one runs the other (a probe: its time replaces
     that way's mean), so a change of the machine's load is followed.  A
     probe that loses again comes half as often, down to one call in
-    ``LAST`` (on a busy machine a split step can take six times as long).
+    ``LAST`` (on a busy machine a split step can take several times as long).
     Results are the same bits either way."""
 
     FIRST, LAST = 16, 1024      # calls between probes
@@ -405,8 +406,8 @@ class _StepSplit:
 
 def data_address(a: np.ndarray) -> int:
     """The data address of a contiguous array, through a ctypes view of its
-    buffer (0.2 us; ``a.ctypes.data`` takes 0.9 us, which adds up over the
-    arrays of a call); numpy's for a read-only or empty array."""
+    buffer (several times faster than ``a.ctypes.data``, which adds up over
+    the arrays of a call); numpy's for a read-only or empty array."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     except (TypeError, ValueError):
@@ -441,7 +442,8 @@ def _aligned(shape, dtype, align: int):
 
 def _fresh(nbytes: int, shape, dtype: np.dtype, align: int):
     """``_aligned`` with the size and dtype worked out by the caller (a
-    kernel call allocates its outputs this way: 1 us each, not 3)."""
+    kernel call allocates its outputs this way, their sizes and dtypes
+    worked out once per kernel)."""
     raw = np.empty(nbytes + align, np.uint8)
     base = ctypes.addressof(ctypes.c_char.from_buffer(raw))
     offset = -base % align
@@ -500,7 +502,7 @@ class _Runner:
     allocations, and the steps: a stretch of stages that each run on one
     thread is one native call (``run_stages``); a stage with enough work is
     split across the thread pool.  A call fills in the input and output
-    addresses and makes one native call (5 to 15 us of Python in all)."""
+    addresses and makes one native call."""
 
     def __init__(self, program: Program, compiled: Compiled, plans: list):
         self.program = program

@@ -157,8 +157,9 @@ def _split(a, b):
     negations ``a`` and ``b`` are made of (not through a product that
     converts its operands' dtype).  Both are opened whole when that takes
     at most ``_OPENED`` steps each: opened partway, one side's factor
-    could stay whole where the other side's is opened (the chain of
-    :func:`factored_sum`'s docstring grew 50% larger opened 16 deep).
+    could stay whole where the other side's is opened, and the factor
+    they share would be missed (the chain of :func:`factored_sum`'s
+    docstring grows instead of shrinking).
     Larger ones open highest first, keeping whole a product that is a
     factor of both: a factor hidden in a product of the other side is found
     (the product is higher), and in a chain of adjoints, where each
@@ -251,17 +252,13 @@ def factored_sum(a, b):
     ``tanh(sigmoid(x)·exp(-x·x))`` the three terms of ``dx`` all carry
     ``(1 - y²)·s·e``, so the factored sum is the gradient a person writes
     (``(1 - y²)·s·e·((1 - s) - 2x)``), with fewer operations and fewer
-    values alive at once (the elementwise benchmark kernel built for AVX2
-    ran 0.57 -> 0.51 ms on an AMD EPYC Zen 4, with ``lowering/fuse.py``
-    computing ``s`` and ``e`` once).  The sum is reassociated (the compiled
-    code is anyway); constants are folded (``-p + -p = -2p``).  The plain
-    sum is kept where the factored one would take more operations (a
-    product reusing a sub-product, ``m·m``).  Small operands open whole,
-    large ones down to the factors they share (:func:`_split`): a chain of
-    1000 levels of ``v·sin(v) + v·x`` differentiates in 0.9 s into a
-    gradient 8% smaller than the plain sums' (0.4 s), where opening every
-    product took time growing with the square of the depth (160 levels:
-    0.18 s, now 0.13; AMD EPYC Zen 4)."""
+    values alive at once (``lowering/fuse.py`` then computes ``s`` and
+    ``e`` once).  The sum is reassociated (the compiled code is anyway);
+    constants are folded (``-p + -p = -2p``).  The plain sum is kept where
+    the factored one would take more operations (a product reusing a
+    sub-product, ``m·m``).  Small operands open whole, large ones down to
+    the factors they share (:func:`_split`): opening every product would
+    take time growing with the square of a chain's depth."""
     if a.dtype != b.dtype or not dt.is_float(a.dtype):
         return a + b
     ka, fa, kb, fb = _split(a, b)
@@ -345,10 +342,9 @@ def _no_position(r):
     """The "first position" of a row that never reaches its extremum (NaN),
     beyond every position.  A long reduction (a softmax row) runs in vector
     lanes: int32 positions fill twice the lanes of int64 ones, and AVX2 has
-    no int64 min (its argmax pass ran 1.5 times as long with them).  A
-    window of a few positions (a pooling window) is unrolled into scalar
-    selects, where int64 measured faster (a 2x2 max-pool and its argmax:
-    0.072 ms with int64 positions, 0.099 with int32, on an AMD EPYC)."""
+    no int64 min.  A window of a few positions (a pooling window) is
+    unrolled into scalar selects, where int64 positions measured faster
+    (``benchmarks/README.md``)."""
     extents = [ext.value if is_const(ext) else None for _, ext in r.doms]     # None: varies with the row
     if None not in extents and LANE_POSITIONS <= prod(extents) < 2 ** 31 - 1:
         return const(2 ** 31 - 1, "int32")
