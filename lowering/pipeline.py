@@ -17,6 +17,7 @@ from .cost import count_iterations
 from .fuse import fuse
 from .loop_ir import Program
 from .lower import lower, validate
+from .positions import narrow
 from .powers import integer_powers
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
@@ -48,7 +49,8 @@ def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -
     inputs, outputs, _ = validate(inputs, outputs)
     if name is not None:
         check_name(name, "te.build")
-    plain = lower(inputs, outputs, name, store=store, recompute=recompute)   # 1. tensors -> loop IR
+    lowered = narrow(outputs, store, recompute)                              # 0b. argmax lane type
+    plain = lower(inputs, lowered[0], name, store=lowered[1], recompute=lowered[2])  # 1. -> loop IR
     scheduled = schedule_program(plain, target)                              # 2-3. fuse, schedule
     return Lowered(inputs, outputs, target, plain, scheduled)
 

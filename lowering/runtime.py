@@ -330,11 +330,11 @@ def _stage_costs(program: Program, groups: list) -> list:
     return out
 
 
-def _estimate_us(work: int, nbytes: int) -> float:
-    """Estimated time of a stage on one thread, in microseconds: its ``work``
-    (:func:`_work`; about 12 units per ns in a register-tiled loop) plus the
-    ``nbytes`` of the buffers it touches at about 60 GB/s (L2)."""
-    return work / 12e3 + nbytes / 60e3
+def _estimate_us(work: int, nbytes: int, target: Target) -> float:
+    """Estimated time of a stage on one thread of ``target``, in
+    microseconds: its ``work`` (:func:`_work`) at ``target.work_per_ns``
+    plus the ``nbytes`` of the buffers it touches at ``target.l2_bytes_per_ns``."""
+    return work / (1e3 * target.work_per_ns) + nbytes / (1e3 * target.l2_bytes_per_ns)
 
 
 def plan_stages(program: Program, compiled: Compiled) -> list:
@@ -342,7 +342,7 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
     is parallel and it has enough work, in a kernel that is not small (see
     the module doc)."""
     work = [w for w, _ in compiled.costs]
-    estimate = [_estimate_us(*cost) for cost in compiled.costs]
+    estimate = [_estimate_us(*cost, compiled.target) for cost in compiled.costs]
     steps = [st.step.extent if st.step else 1 for st in program.stages]
     small = sum(e * n for e, n in zip(estimate, steps)) < SERIAL_KERNEL_US
     threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK

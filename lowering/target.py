@@ -4,8 +4,8 @@ A target is built once, from this machine (``"host"``) or from a name (an
 LLVM CPU, optionally preceded by a triple and a colon:
 ``"haswell"``, ``"aarch64-unknown-linux-gnu:neoverse-n1"``), and handed down
 the pipeline.  It says what the code generator may assume: the widest native
-vector, the architectural vector registers, FMA, which masked, gather and
-streaming memory operations are native, cache sizes and the thread default.
+vector, the architectural vector registers, FMA, whether streaming stores
+are native, cache sizes, the thread default and one core's throughput.
 Register tiles, lane counts, K blocks and the panel and streaming thresholds
 are derived from these figures (``schedule/blocking.py``, ``codegen_llvm.py``);
 nothing else in the package asks LLVM about the host.
@@ -82,6 +82,9 @@ L1_WAY_BYTES = {"x86_64": 4 * KIB, "aarch64": 16 * KIB}
 # does not mention (one it reports off stays off)
 ARCH_BASELINE = {"x86_64": _X86_V1, "aarch64": _ARM_V8}
 SHUFFLE_CHUNK_BYTES = {"x86_64": 16, "aarch64": 16}   # see Target.shuffle_chunk_bytes
+# One core's throughput, for the runtime's estimate of a stage's time (Target.work_per_ns,
+# Target.l2_bytes_per_ns): one figure for every CPU of the table (see Target)
+WORK_PER_NS, L2_BYTES_PER_NS = 12.0, 60.0
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,20 @@ class Target:
 
     ``vector_bytes``: the widest native vector (16 SSE / NEON, 32 AVX2, 64
     AVX-512); ``vector_registers``: the architectural count (16 SSE/AVX2, 32
-    AVX-512 and NEON); ``masked_memory``: masked vector loads and stores are
-    instructions (AVX and later), not a scalar loop LLVM writes out;
-    ``gather``: vector gathers are instructions (AVX2 and later);
-    ``streaming_stores``: non-temporal stores plus ``sfence`` (x86);
-    ``l1_ways``: the L1 data cache's associativity (lines a stride of
-    ``l1_bytes / l1_ways`` puts in one set before they evict each other);
-    ``threads``: :func:`default_threads` when the target was described."""
+    AVX-512 and NEON); ``streaming_stores``: non-temporal stores plus
+    ``sfence`` (x86); ``l1_ways``: the L1 data cache's associativity (lines
+    a stride of ``l1_bytes / l1_ways`` puts in one set before they evict
+    each other);
+    ``threads``: :func:`default_threads` when the target was described;
+    ``work_per_ns`` and ``l2_bytes_per_ns``: what one core does per
+    nanosecond, in ``runtime._work``'s units (a register-tiled loop's
+    vector operations) and in bytes of the buffers a stage touches, read
+    through L2.  ``runtime._estimate_us`` turns a stage's work and bytes
+    into time with them, only to compare it with thresholds that decide
+    between one thread and all of them, where a factor of two in the
+    estimate changes nothing: so the same rough figures
+    (:data:`WORK_PER_NS`, :data:`L2_BYTES_PER_NS`) describe every CPU of
+    the table, and a CPU far from them can be given its own."""
 
     name: str
     triple: str
@@ -105,14 +115,14 @@ class Target:
     vector_bytes: int
     vector_registers: int
     fma: bool
-    masked_memory: bool
-    gather: bool
     streaming_stores: bool
     cache_line: int
     l1_bytes: int
     l2_bytes: int
     l1_ways: int
     threads: int
+    work_per_ns: float = WORK_PER_NS
+    l2_bytes_per_ns: float = L2_BYTES_PER_NS
     llvm_features: str = field(default="", compare=False, repr=False)   # as handed to LLVM
     host: bool = field(default=False, compare=False)
 
@@ -201,8 +211,6 @@ def _describe(name, triple, cpu, features, l1, l2, ways=None, llvm_features=None
         name=name, triple=triple, cpu=cpu, features=features,
         vector_bytes=vector_bytes, vector_registers=registers,
         fma="fma" in features or not x86,
-        masked_memory=x86 and "avx" in features,
-        gather=x86 and "avx2" in features,
         streaming_stores=x86,
         cache_line=64, l1_bytes=l1, l2_bytes=l2,
         l1_ways=ways or max(1, l1 // L1_WAY_BYTES.get(triple.split("-", 1)[0], 4 * KIB)),

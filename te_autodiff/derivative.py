@@ -19,7 +19,6 @@ import heapq
 import itertools
 import weakref
 from collections import Counter
-from math import prod
 
 from . import dtype as dt
 from .expr import (BinOp, Cast, Const, Load, Reduce, Select, Unary, all_, cast, compare, const, is_const,
@@ -335,32 +334,26 @@ def _seed_sum(t, here):
     return const(1, t.dtype)
 
 
-LANE_POSITIONS = 64     # a reduction over at least this many positions tracks them in int32
-
-
-def _no_position(r):
-    """The "first position" of a row that never reaches its extremum (NaN),
-    beyond every position.  A long reduction (a softmax row) runs in vector
-    lanes: int32 positions fill twice the lanes of int64 ones, and AVX2 has
-    no int64 min.  A window of a few positions (a pooling window) is
-    unrolled into scalar selects, where int64 positions measured faster
-    (``benchmarks/README.md``)."""
-    extents = [ext.value if is_const(ext) else None for _, ext in r.doms]     # None: varies with the row
-    if None not in extents and LANE_POSITIONS <= prod(extents) < 2 ** 31 - 1:
-        return const(2 ** 31 - 1, "int32")
-    return const(1 << 62, dt.INDEX)
+NO_POSITION = 1 << 62   # beyond every position: where a row never reaches its extremum (NaN)
+POSITIONS: "weakref.WeakSet" = weakref.WeakSet()    # the tensors of first positions (argmax)
 
 
 def _seed_extremum(t, here):
     # the derivative follows the first position where the body reaches the
     # extremum ``t`` holds: a min reduction of positions over ``t``'s own
     # value (a second pass that runs in vector lanes, like ``t``), rather
-    # than an argmax that tracks the best value and its position together
+    # than an argmax that tracks the best value and its position together.
+    # The positions are in the index type; lowering may narrow them for
+    # its vector lanes (``lowering/positions.py``), which POSITIONS lets it find.
     r = t.body
-    none = _no_position(r)
-    first = _cached(t, "argmax", lambda: _sibling(t, "argmax", "min", select(
-        compare("eq", r.body, t[tuple(t.axes)]), cast(none.dtype, _position(r)), none)))
-    return select(compare("eq", cast(none.dtype, _position(r)), first[here]), const(1, t.dtype), const(0, t.dtype))
+    first = _cached(t, "argmax", lambda: _position_tensor(_sibling(t, "argmax", "min", select(
+        compare("eq", r.body, t[tuple(t.axes)]), _position(r), const(NO_POSITION, dt.INDEX)))))
+    return select(compare("eq", _position(r), first[here]), const(1, t.dtype), const(0, t.dtype))
+
+
+def _position_tensor(p):
+    POSITIONS.add(p)
+    return p
 
 
 def _seed_prod(t, here):

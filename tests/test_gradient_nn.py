@@ -573,7 +573,7 @@ def test_mixed_second_derivative():
     assert_close(outs, [2 * x * y, 2 * y * v, 2 * x * v])
 
 
-@pytest.mark.parametrize("k", [10, 100])        # positions in int64, then in int32 (LANE_POSITIONS)
+@pytest.mark.parametrize("k", [10, 100])        # positions in int64, then in int32 (lowering.positions)
 def test_kmeans_newton_direction_sums_each_centroids_own_points(rng, k):
     """f = Σ_i min_j |C_j - P_i|² (GradBench's kmeans): J = ∂f/∂C and the
     diagonal of the Hessian H = ∂(Σ J)/∂C sum, for each centroid, the points

@@ -51,7 +51,9 @@ def vector_cost(accesses, v, lanes, extent) -> float:
     """Estimated cost per element of running ``v``'s iterations in vector
     lanes: an index that does not move with ``v`` is a broadcast (nearly
     free), one that moves by one element a vector access (1), any other a
-    gather (one per lane) or a scatter (two per lane); one more when a test
+    gather (one per lane, on every target: a gather instruction, rows
+    transposed in registers, ``gather_blocks.py``, or a load per lane) or a
+    scatter (two per lane); one more when a test
     around the access differs between lanes (masked work).  Inside a loop
     whose range differs between lanes (the matches of an inverse index)
     every access is a masked gather or scatter."""
