@@ -10,7 +10,7 @@ into the slot's pointer.  Stages with equal
 :attr:`Form.key` are one :func:`template` over the slots, called with
 different pointers: the schedule runs once per template
 (``schedule/__init__.py``) and LLVM compiles one function for it
-(``codegen_llvm.py``), so an unrolled program costs about as much to build
+(``codegen_llvm/``), so an unrolled program costs about as much to build
 as its distinct steps.
 
 Two promises the template makes hold for every instance:

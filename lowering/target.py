@@ -7,7 +7,7 @@ the pipeline.  It says what the code generator may assume: the widest native
 vector, the architectural vector registers, FMA, whether streaming stores
 are native, cache sizes, the thread default and one core's throughput.
 Register tiles, lane counts, K blocks and the panel and streaming thresholds
-are derived from these figures (``schedule/blocking.py``, ``codegen_llvm.py``);
+are derived from these figures (``schedule/blocking.py``, ``codegen_llvm/``);
 nothing else in the package asks LLVM about the host.
 
 The features of a named CPU come from :data:`CPUS` (LLVM does not report the

@@ -219,7 +219,7 @@ def _in_parts(monkeypatch, workers: int):
     from lowering import codegen_llvm, llvm_process, runtime
     if llvm_process._in_process:
         pytest.skip("TE_LLVM_PROCESS=0: LLVM runs in this process")
-    monkeypatch.setattr(codegen_llvm, "PART_TEXT", 1)
+    monkeypatch.setattr(codegen_llvm.modules, "PART_TEXT", 1)
     monkeypatch.setattr(llvm_process, "_workers", [llvm_process._Worker() for _ in range(workers)])
     monkeypatch.setattr(runtime, "_cache", OrderedDict())
 
@@ -227,7 +227,7 @@ def _in_parts(monkeypatch, workers: int):
 @pytest.mark.aarch64
 def test_a_program_compiled_in_parts_computes_what_one_module_does(monkeypatch):
     """A large program is compiled as one LLVM module per LLVM process, all at
-    once (``codegen_llvm.partition``, ``llvm_process.run_all``): the first
+    once (``codegen_llvm.modules.partition``, ``llvm_process.run_all``): the first
     module's ``run_stages`` calls the stages the others define, and the
     results are bit for bit those of the program compiled as one module."""
     from collections import OrderedDict
@@ -236,7 +236,7 @@ def test_a_program_compiled_in_parts_computes_what_one_module_does(monkeypatch):
     ins, outs = _split_program()
     rng = np.random.default_rng(1)
     arrays = [rng.standard_normal(t.shape).astype("float32") for t in ins]
-    monkeypatch.setattr(codegen_llvm, "PART_TEXT", 10 ** 9)
+    monkeypatch.setattr(codegen_llvm.modules, "PART_TEXT", 10 ** 9)
     monkeypatch.setattr(runtime, "_cache", OrderedDict())
     whole = te.build(ins, outs)
     _in_parts(monkeypatch, 3)
