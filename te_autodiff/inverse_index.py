@@ -164,8 +164,11 @@ def _unnarrowed(x):
 def _read_guarded(conds) -> list:
     """``conds``, each after the conditions that keep its own tensor reads in
     range (:func:`~te_autodiff.term.read_guards`), for a key that tests them
-    over a box wider than the points where the program tested them."""
-    return [g for c in conds for g in read_guards([c]) + [c]]
+    over a box wider than the points where the program tested them.  Only
+    the reads evaluated whenever the condition is: a read in a select's
+    branch is guarded by the select (a clip's bound ``select(j < n, X[j],
+    0)``), and its range is no condition of the point."""
+    return [g for c in conds for g in read_guards([c], eager_children) + [c]]
 
 
 class _Sum:

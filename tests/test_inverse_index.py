@@ -457,3 +457,27 @@ def test_key_rows_of_flattened_reads_match_numpy(shape, K, B, c, d, seed):
     bound = 4 * np.finfo(np.float64).eps * np.abs(ref)
     assert np.all(np.abs(got.reshape(-1) - ref) <= bound)
     assert np.all(np.abs(want.reshape(-1) - ref) <= bound)
+
+
+def test_a_bound_read_under_its_own_select_does_not_narrow_the_gather(rng):
+    """clip(X[a - a*b + 12], select(a + b < 6, L[a + b], 0), a): the lower
+    bound reads L only where a + b < 6, and is 0 elsewhere; the gradient's
+    key (the non-affine index, inverted by a counting sort) must keep the
+    points a + b >= 6, where the bound's read never ran."""
+    X = te.placeholder((18,), "float64", "X")
+    L = te.placeholder((6,), "float64", "L")
+    H = te.placeholder((5, 5), "float64", "H")
+    Y = te.compute((5, 5), lambda a, b: te.clip(
+        X[a - a * b + 12], te.if_then_else(te.all(a + b >= 0, a + b < 6), L[a + b], 0.0), a.astype("float64")),
+        name="Y")
+    dX, = te.gradient(Y, [X], head=H)
+    x, lo, h = rng.standard_normal(18), rng.standard_normal(6), rng.standard_normal((5, 5))
+    want = np.zeros(18)
+    for a in range(5):
+        for b in range(5):
+            bound = lo[a + b] if a + b < 6 else 0.0
+            if bound < x[a - a * b + 12] < a:
+                want[a - a * b + 12] += h[a, b]
+    got = te.build([X, L, H], [dX])(x, lo, h)
+    # each element sums at most 5 of the h, in some order: 5 roundings of at most sum|h|
+    assert np.allclose(got, want, rtol=0, atol=5 * np.finfo(np.float64).eps * np.abs(h).sum())
