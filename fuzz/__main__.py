@@ -1,6 +1,7 @@
 """``python -m fuzz``: an exploration, or one program replayed.
 
     python -m fuzz --programs 20000 --seed 0 --jobs 1 --log /tmp/fuzz.log
+    python -m fuzz --programs 500 --targeted    # only programs of the targeted forms (forms.py, large.py)
     python -m fuzz --replay 17          # print program 17 (te and torch) and check it here
     python -m fuzz --huge               # the huge-extent programs, each in a child process
 
@@ -12,7 +13,7 @@ import argparse
 import json
 import sys
 
-from .runner import FAILED, program_seeds, run
+from .runner import FAILED, program_seeds, run, targeted_seeds
 
 
 def main(argv=None) -> int:
@@ -26,6 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds a program may take before it is a hang")
     ap.add_argument("--every", type=int, default=100, help="a progress line every this many programs")
     ap.add_argument("--log", default=None, help="file for the failures and the feature table")
+    ap.add_argument("--targeted", action="store_true",
+                    help="only programs that take a targeted form (large programs, forms.py's reads)")
     ap.add_argument("--replay", type=int, default=None, help="print and check one program seed in this process")
     ap.add_argument("--huge", action="store_true", help="run the huge-extent checks")
     args = ap.parse_args(argv)
@@ -55,7 +58,8 @@ def main(argv=None) -> int:
         if summary.count % args.every == 0 and summary.count < args.programs:
             print(summary.line(args.programs), flush=True)
 
-    summary = run(program_seeds(args.seed, args.programs, args.start), args.jobs, args.batch, args.timeout,
+    seeds = (targeted_seeds if args.targeted else program_seeds)(args.seed, args.programs, args.start)
+    summary = run(seeds, args.jobs, args.batch, args.timeout,
                   on_record=on_record, group=args.group)
     print(summary.line(args.programs))
     print(summary.table())

@@ -35,7 +35,7 @@ def _cases(names, arrays, rng):
             return arrays[:k] + [bad] + arrays[k + 1:]
         dtype = str(rng.choice(OTHER_DTYPE[str(a.dtype)]))
         yield f"'{name}' as {dtype}", swap(a.astype(dtype)), (TypeError,), name
-        shapes = [a.shape + (1,), (a.shape[0] + 1,) + a.shape[1:]] + ([a.shape[:-1]] if a.ndim else [])
+        shapes = [a.shape + (1,)] + ([(a.shape[0] + 1,) + a.shape[1:], a.shape[:-1]] if a.ndim else [])
         shape = shapes[rng.integers(len(shapes))]
         yield f"'{name}' with shape {shape}", swap(np.zeros(shape, a.dtype)), (ValueError,), name
         other = [a.tolist(), None, 3.0, np.float64(1.0), "abc"][rng.integers(5)]

@@ -110,7 +110,8 @@ class IConst(IExpr):
 
 @dataclass(frozen=True)
 class IBin(IExpr):
-    """``a op b`` for op in ``+ - * // %``; ``*``, ``//`` and ``%`` take a constant ``b`` (> 0 for ``//``, ``%``)."""
+    """``a op b`` for op in ``+ - * // %``; ``//`` and ``%`` take a constant ``b`` > 0 (``*`` any
+    two: a product of variables is a non-affine index)."""
     op: str
     a: IExpr
     b: IExpr
@@ -128,9 +129,10 @@ class IBin(IExpr):
             return alo + blo, ahi + bhi
         if self.op == "-":
             return alo - bhi, ahi - blo
-        c = int(blo)
         if self.op == "*":
-            return (alo * c, ahi * c) if c >= 0 else (ahi * c, alo * c)
+            corners = np.broadcast_arrays(alo * blo, alo * bhi, ahi * blo, ahi * bhi)
+            return np.min(corners, axis=0), np.max(corners, axis=0)
+        c = int(blo)
         if self.op == "//":                           # monotone in a
             return alo // c, ahi // c
         point = alo == ahi                            # %: exact where a is known, else 0..c-1

@@ -14,6 +14,24 @@ with an affine part, segment conditions, keys computed by an int compute), an
 index used as a value, a batch axis that may be empty, and sub-expressions
 used twice.
 
+Forms users write and random indices rarely reach (each hid a compiler bug
+from thousands of programs; ``forms.py``): one read in ``FORM_SHARE`` is a
+gather under selects relating its positions (``gather:select``), a read
+that leaves its tensor at one point under ``te.equal``/``te.not_equal``
+guards (``guard:equal``), or a non-affine index (products, quadratic forms,
+``//`` and ``%`` of them: ``index:nonaffine``) kept in range by a condition
+on its variables found on the grid (``guard:nonaffine``); one output in
+``ONE_SHARE`` is one element reduced by max, min or sum (``one:<op>``).
+
+Large programs (``large.py``, one seed in ``LARGE_SHARE``, ``is_large``):
+one compute with simple bodies whose extents sit on both sides of the
+schedule's thresholds, read from the schedule and the target at run time
+(``thresholds.py``): split reductions, vector lanes, reductions in lanes,
+register tiles, K blocks, panels, packing, gather blocks, residue classes,
+interior splits, the parallel root (``large:<template>``,
+``large:<threshold>:below|at|above``).  ``targeted`` tells a program that
+takes any of these forms.
+
 Values stay finite by construction: every expression carries an interval
 (``lo``, ``hi``) containing its values (inputs lie in [-2, 2]), and an
 operation whose operand is outside its domain gets a transformed operand:
@@ -28,12 +46,12 @@ grid; index tensors get a value range that keeps their unguarded keys in
 range (a guarded key may also take values outside it).
 
 Every random choice comes from ``numpy.random.default_rng(seed)``: a seed
-is a program.
+is a program (a large one for the target's thresholds: ``TE_TARGET`` or
+this machine).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,61 +59,40 @@ from te_autodiff.ops import OPS, unary_names
 
 from .describe import (IBin, IConst, IData, IVar, Binary, Call, Cmp, Compute, Input, Logic, Num, Program, Read,
                        Reduce, Select, ToFloat, Unary, Var, walk)
+from .forms import Forms
+from .large import Large
+from .values import Env, Scope, V, hull
 
 LIMIT = 1e3             # bound on the magnitude of every value
 MAX_ELEMENTS = 60       # per tensor
 MAX_REDUCE = 12         # points per reduction
 INPUT_RANGE = 2.0       # float inputs are uniform in [-2, 2]
+LARGE_SHARE = 0.1       # programs in the large mode (large.py)
+FORM_SHARE = 0.15       # reads that take a targeted form (forms.py)
+ONE_SHARE = 0.08        # outputs that are one element reduced by max, min or sum
 
 
-@dataclass(frozen=True)
-class V:
-    """An expression and an interval containing its values."""
-    e: object
-    lo: float
-    hi: float
-
-    @property
-    def mag(self):
-        return max(abs(self.lo), abs(self.hi))
+TARGETED = ("large", "gather:select", "guard:equal", "index:nonaffine", "one:")
 
 
-@dataclass
-class Scope:
-    """The variables an expression may use, in grid order, and the batch axis."""
-    vars: list
-    batch: Var | None
-    prefer: tuple = ()          # reduce axes a read should use first
-
-    @property
-    def rank(self):
-        return len(self.vars)
-
-    def free(self):
-        """Variables a non-batch index may use."""
-        return [v for v in self.vars if v is not self.batch]
+def targeted(program: Program) -> bool:
+    """Whether ``program`` takes one of the targeted forms (a large program, ``forms.py``'s)."""
+    return any(f.startswith(TARGETED) for f in program.features)
 
 
-class _Env:
-    """What ``IExpr.bounds`` needs: the grid rank and the value ranges of index tensors."""
-
-    def __init__(self, rank, values):
-        self.rank, self.values = rank, values
-
-    def grid(self, var):
-        return var.grid(self.rank)
+def is_large(seed: int) -> bool:
+    """Whether program ``seed`` is a large one (drawn apart from the program's own choices)."""
+    return bool(np.random.default_rng([seed, 5]).random() < LARGE_SHARE)
 
 
-def _hull(*vs):
-    return min(v.lo for v in vs), max(v.hi for v in vs)
-
-
-class Generator:
+class Generator(Forms, Large):
     """One program's random choices (see the module doc)."""
 
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.seed = seed
+        self.large = is_large(seed)
+        self.leaves = None           # in a large program: the reads a body is made of
         self.features = set()
         self.inputs = []
         self.computes = []
@@ -129,6 +126,8 @@ class Generator:
     # ------------------------------------------------------------ program
 
     def program(self) -> Program:
+        if self.large:
+            return self.large_program()
         if self.chance(0.25):
             self.batch = int(self.pick([0, 1, 2, 3], [1, 1, 2, 2]))
             self.tag("batch:empty" if self.batch == 0 else "batch")
@@ -140,7 +139,9 @@ class Generator:
         n = int(self.pick([1, 2, 3], [2, 3, 0 if second else 2]))
         self.depths = [1, 2] if second else [1, 2, 3]
         for k in range(n):
-            self.computes.append(self.compute(last=k == n - 1))
+            last = k == n - 1
+            one = last and self.batch is None and self.chance(ONE_SHARE)
+            self.computes.append(self.compute(last, one))
         floats = [i.name for i in self.inputs if i.is_float]
         wrt = [x for x in floats if self.chance(0.8)] or floats[:1]
         wrt = list(self.rng.permutation(wrt))
@@ -158,14 +159,16 @@ class Generator:
             dims[int(np.argmax(dims))] -= 1
         return ((self.batch,) + tuple(dims[1:])) if batched else tuple(dims)
 
-    def compute(self, last) -> Compute:
+    def compute(self, last, one=False) -> Compute:
+        """The next compute; with ``one``, one element reduced (``one_element``)."""
         index = len(self.computes)
         name = "Y" if last else f"T{index}"
-        shape = self.shape(self.batch is not None)
+        shape = self.pick([(), (1,), (1, 1)]) if one else self.shape(self.batch is not None)
         axes = tuple(Var(f"o{d}", d, 0, n) for d, n in enumerate(shape))
         scope = Scope(list(axes), axes[0] if self.batch is not None else None)
         self.pool = []              # sub-expressions of this body, for reuse
-        body = self.expr(scope, int(self.pick(self.depths, [2, 4, 3][:len(self.depths)])))
+        depth = int(self.pick(self.depths, [2, 4, 3][:len(self.depths)]))
+        body = self.one_element(scope, depth) if one else self.expr(scope, depth)
         prev = [c for c in self.computes if c.dtype == "float64"]
         if prev and not any(isinstance(n, Read) and n.tensor == prev[-1].name for n in walk(body.e)):
             other = self.read_of(prev[-1], scope)
@@ -227,10 +230,16 @@ class Generator:
             e = self.key_read(scope)
             if e is None:
                 return self.gen_num(scope, depth)
-        lo, hi = e.bounds(_Env(scope.rank, self.values))
+        lo, hi = e.bounds(Env(scope.rank, self.values))
         return V(ToFloat(e), float(np.min(lo)), float(np.max(hi)))
 
     def gen_read(self, scope, depth) -> V:
+        if self.leaves is not None:
+            return self.pick(self.leaves)
+        if self.chance(FORM_SHARE):
+            v = self.targeted_read(scope)
+            if v is not None:
+                return v
         return self.read_of(self.tensor_for(scope), scope)
 
     def gen_unary(self, scope, depth) -> V:
@@ -291,7 +300,7 @@ class Generator:
             args = [self.into(a, OPS[op].domain)] + [self.into(self.expr(scope, depth), OPS[op].domain)
                                                      for _ in range(OPS[op].arity - 1)]
             if op == "clip":
-                return V(Call(op, tuple(v.e for v in args)), *_hull(*args))
+                return V(Call(op, tuple(v.e for v in args)), *hull(*args))
             return V(Call(op, tuple(v.e for v in args)), *_range(OPS[op].fold, args))
         b = self.gen_num(scope, depth) if self.chance(0.2) else self.expr(scope, depth)
         if self.chance(0.5):
@@ -355,7 +364,7 @@ class Generator:
         alias = self.chance(0.2)
         if alias:
             self.tag("select:alias")
-        return V(Select(cond, a.e, b.e, alias), *_hull(a, b))
+        return V(Select(cond, a.e, b.e, alias), *hull(a, b))
 
     def condition(self, scope, kind, depth):
         """A condition on the axes ('index'), on values ('data') or a key equal to an axis ('key')."""
@@ -384,15 +393,15 @@ class Generator:
         """``aff op c`` or ``aff % m == r`` on the axes in scope."""
         vars_ = scope.free() or scope.vars
         aff = self.affine(vars_, nvars=int(self.pick([1, 2], [2, 1])))
-        lo, hi = aff.bounds(_Env(scope.rank, self.values))
+        lo, hi = aff.bounds(Env(scope.rank, self.values))
         if self.chance(0.3):
             m = int(self.pick([2, 3]))
             return Cmp(self.pick(["eq", "ne"]), IBin("%", aff, IConst(m)), IConst(int(self.rng.integers(m))))
         c = int(self.rng.integers(int(np.min(lo)), int(np.max(hi)) + 1))
         return Cmp(self.pick(["lt", "le", "gt", "ge", "eq", "ne"], [3, 1, 3, 1, 1, 1]), aff, IConst(c))
 
-    def gen_reduce(self, scope, depth) -> V:
-        op = self.pick(["sum", "max", "min", "prod"], [4, 2, 2, 1.5])
+    def gen_reduce(self, scope, depth, op=None) -> V:
+        op = op or self.pick(["sum", "max", "min", "prod"], [4, 2, 2, 1.5])
         self.tag(f"reduce:{op}")
         if any(isinstance(v.name, str) and v.name.startswith("r") for v in scope.vars):
             self.tag("reduce:nested")
@@ -418,6 +427,10 @@ class Generator:
             self.tag("reduce:where")
             where = self.index_cond(inner)
         self.pool = outer_pool
+        return self.reduce_of(op, axes, body, scope, where)
+
+    def reduce_of(self, op, axes, body, scope, where=None) -> V:
+        """``op`` of ``body`` over ``axes`` (inside ``scope``), its interval from the body's."""
         lead = tuple(v.extent for v in scope.vars)
         size = math.prod(a.extent for a in axes)
         if op == "prod":
@@ -472,17 +485,23 @@ class Generator:
         while math.prod(dims) > MAX_ELEMENTS:
             dims[int(np.argmax(dims))] -= 1
         shape = ((self.batch,) + tuple(dims[1:])) if batched else tuple(dims)
-        x = Input(f"X{len(self.inputs)}", shape)
+        return self.add_input(shape, batched=batched)
+
+    def add_input(self, shape, dtype="float64", values=(0, 0), batched=False) -> Input:
+        """A new placeholder: float64 (values in [-INPUT_RANGE, INPUT_RANGE]) or an index
+        tensor with values ``values`` (inclusive; None: decided by its first read)."""
+        x = Input(f"{'X' if dtype == 'float64' else 'I'}{len(self.inputs)}", tuple(shape), dtype, values)
         self.inputs.append(x)
-        self.tensor_iv[x.name] = (-INPUT_RANGE, INPUT_RANGE)
+        if dtype == "float64":
+            self.tensor_iv[x.name] = (-INPUT_RANGE, INPUT_RANGE)
+        elif values is not None:
+            self.values[x.name] = values
         if batched:
             self.batched.add(x.name)
         return x
 
     def read_of(self, t, scope) -> V:
         """A read of ``t`` at generated indices, guarded where it can leave ``t``."""
-        self.reads[t.name] = self.reads.get(t.name, 0) + 1
-        lo, hi = self.tensor_iv[t.name]
         batched = t.name in self.batched
         if self.chance(0.12) and not batched and len(t.shape) > 1:
             indices = self.reshape_indices(t.shape, scope)
@@ -490,11 +509,17 @@ class Generator:
             used = set()
             indices = tuple(IVar(scope.batch) if batched and d == 0 else self.index(scope, n, used)
                             for d, n in enumerate(t.shape))
-        checks = self.checks(indices, t.shape, scope)
         axes_order = [next(iter(ix.variables())).slot for ix in indices
                       if isinstance(ix, IVar)]
         if axes_order != sorted(axes_order):
             self.tag("index:transpose")
+        return self.guarded_read(t, indices, scope)
+
+    def guarded_read(self, t, indices, scope) -> V:
+        """``t[indices]``, with a guard ('box', 'negated' or a select around it) where it can leave ``t``."""
+        self.reads[t.name] = self.reads.get(t.name, 0) + 1
+        lo, hi = self.tensor_iv[t.name]
+        checks = self.checks(indices, t.shape, scope)
         if not checks:
             return V(Read(t.name, t.shape, indices), lo, hi)
         guard = self.pick(["box", "negated", "outer"], [3, 2, 2])
@@ -512,7 +537,7 @@ class Generator:
         """The ``(index, extent)`` pairs that can leave their tensor: the
         indices of keys read at clamped positions (inner keys first), then the
         read's own."""
-        env = _Env(scope.rank, self.values)
+        env = Env(scope.rank, self.values)
 
         def leaves(ix, n):
             ilo, ihi = ix.bounds(env)
@@ -626,11 +651,7 @@ class Generator:
         chosen = [free[k] for k in sorted(self.rng.permutation(len(free))[:int(self.pick([1, 2], [2, 1]))])]
         batched = scope.batch is not None and self.chance(0.5)
         shape = ((self.batch,) if batched else ()) + tuple(v.lo + v.extent for v in chosen)
-        t = Input(f"I{len(self.inputs)}", shape, self.pick(["int32", "int64"]), None)
-        self.inputs.append(t)
-        if batched:
-            self.batched.add(t.name)
-        return t
+        return self.add_input(shape, self.pick(["int32", "int64"]), None, batched)
 
     def shape_of(self, name):
         return next(t.shape for t in self.inputs + self.computes if t.name == name)
@@ -674,7 +695,7 @@ class Generator:
         if free and self.chance(0.4):
             v = self.pick(free)
             aff = IBin("*", IVar(v), IConst(int(self.pick([1, 2]))))
-        alo, ahi = aff.bounds(_Env(scope.rank, self.values))
+        alo, ahi = aff.bounds(Env(scope.rank, self.values))
         amin, amax = int(np.min(alo)), int(np.max(ahi))
         vlo, vhi = -(amin // s) if amin < 0 else 0, (n - 1 - amax) // s
         if t.values is None:
@@ -716,7 +737,7 @@ class Generator:
                 v = self.pick([u for u in free if 0 <= u.lo and u.lo + u.extent <= n] or [None])
                 idx.append(IConst(0) if v is None else IVar(v))
         self.reads[t.name] = self.reads.get(t.name, 0) + 1
-        env = _Env(scope.rank, self.values)
+        env = Env(scope.rank, self.values)
         bounds = [(i.bounds(env), n) for i, n in zip(idx, t.shape)]
         clamp = any(np.min(lo) < 0 or np.max(hi) >= n for (lo, hi), n in bounds)
         return IData(t.name, tuple(idx), clamp)

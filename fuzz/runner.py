@@ -24,6 +24,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from itertools import count as naturals, islice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STARTUP = 120.0         # seconds a child may take to import te and torch
@@ -33,6 +34,14 @@ FAILED = ("mismatch", "te_error", "torch_error", "bad_input", "nonfinite", "cras
 def program_seeds(seed: int, count: int, start: int = 0) -> list:
     """The program seeds of exploration ``seed``: ``seed * 10**6 + k`` for ``k`` in ``start .. start + count - 1``."""
     return [seed * 1_000_000 + k for k in range(start, start + count)]
+
+
+def targeted_seeds(seed: int, count: int, start: int = 0) -> list:
+    """The seeds of exploration ``seed`` whose programs take a targeted form
+    (``programs.targeted``): the ``start``-th to the ``start + count - 1``-th of them."""
+    from .programs import generate, targeted
+    found = (s for s in (seed * 1_000_000 + k for k in naturals()) if targeted(generate(s)))
+    return list(islice(found, start, start + count))
 
 
 def _child(seeds, timeout, group):

@@ -6,6 +6,11 @@
   output agrees, every bad argument is refused naming its placeholder, NaN
   and inf inputs compute and do not leak into values torch finds finite,
   and nothing crashes or hangs.
+* A few hundred programs of the targeted forms (exploration seed 17): large
+  programs on both sides of the schedule's thresholds, selects around
+  gathers, equality guards, non-affine guarded indices, one-element max and
+  min (``fuzz/forms.py``, ``fuzz/large.py``), every template and form
+  generated.
 * The runner itself: an abort or a hang in a child is the failure of the
   program it was running, and the rest of the batch still runs.
 * Regressions: fixed programs that te refused (IndexError at ``te.build`` or
@@ -20,10 +25,14 @@ torch = pytest.importorskip("torch", reason="torch.autograd is the fuzzer's orac
 
 import te_autodiff as te  # noqa: E402  (after the skip above)
 from fuzz.check import compare  # noqa: E402
-from fuzz.runner import program_seeds, run, run_batch  # noqa: E402
+from fuzz.forms import NONAFFINE  # noqa: E402
+from fuzz.large import TEMPLATES  # noqa: E402
+from fuzz.programs import generate  # noqa: E402
+from fuzz.runner import program_seeds, run, run_batch, targeted_seeds  # noqa: E402
 from fuzz.torch_ops import ax, cread, float64_default, grad, red  # noqa: E402
 
 SEED, PROGRAMS = 13, 300
+TARGETED_SEED, TARGETED = 17, 200
 F64 = "float64"
 
 
@@ -33,8 +42,38 @@ def test_random_programs_agree_with_torch():
     assert not summary.failures, "\n".join(summary.report(r) for r in summary.failures[:3])
     covered = {"second:squares", "second:head", "reduce:max", "reduce:min", "reduce:prod", "reduce:nested",
                "index:data", "data:gather", "data:nested_key", "guard:outer", "index:reshape", "batch:empty",
-               "select:data", "pow:expr", "nonfinite", "shared:expr"}
+               "select:data", "pow:expr", "nonfinite", "shared:expr", "large", "gather:select", "guard:equal",
+               "index:nonaffine", "guard:nonaffine", "one:max", "one:min"}
     assert not covered - set(summary.features), f"never generated: {covered - set(summary.features)}"
+
+
+TARGETED_FEATURES = ({f"large:{t}" for t in TEMPLATES} | {f"large:split:{s}" for s in ("below", "at", "prime", "outer")}
+                     | {f"nonaffine:{k}" for k in NONAFFINE} | {f"gather:{k}" for k in ("one", "nested", "logic")}
+                     | {f"guard:equal:{k}" for k in ("ne", "eq", "not", "all", "any", "nested")}
+                     | {"guard:nonaffine", "one:max", "one:min"})
+
+
+def _covering(seeds, features, count):
+    """The first ``count`` of ``seeds``, then those of the rest that bring a
+    feature of ``features`` none before had (every one, if ``seeds`` has it)."""
+    out, seen = [], set()
+    for seed in seeds:
+        if len(out) >= count and features <= seen:
+            break
+        new = generate(seed).features
+        if len(out) < count or new & (features - seen):
+            out.append(seed)
+            seen |= new
+    return out
+
+
+def test_targeted_forms_agree_with_torch():
+    seeds = _covering(targeted_seeds(TARGETED_SEED, 3 * TARGETED), TARGETED_FEATURES, TARGETED)
+    summary = run(seeds, jobs=2, batch=-(-len(seeds) // 2), timeout=300)
+    assert summary.count == len(seeds)
+    assert not summary.failures, "\n".join(summary.report(r) for r in summary.failures[:3])
+    missing = TARGETED_FEATURES - set(summary.features)
+    assert not missing, f"never generated: {missing}"
 
 
 def test_a_crash_or_hang_is_the_failure_of_its_program(monkeypatch):

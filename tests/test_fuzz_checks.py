@@ -4,12 +4,20 @@
   check, a wrong value fails the comparison.
 * Shapes far beyond memory (and beyond int64 bytes) are refused with a
   MemoryError or ValueError naming the tensor, each in a child process.
+* The generator's guards: a read guarded by the selects around it (the
+  targeted forms' equality guards and conditions found on the grid among
+  them) stays in its tensor wherever those selects take it.
 """
+from dataclasses import fields
+
 import numpy as np
 
 import te_autodiff as te
 from fuzz.bad_inputs import bad_input_failures, huge_extent_failures
 from fuzz.check import compare
+from fuzz.describe import Cmp, Cond, Expr, IData, IExpr, Read, Select, Var, walk
+from fuzz.programs import generate
+from fuzz.values import Env, exact, holds
 
 F64 = "float64"
 
@@ -25,6 +33,20 @@ def _kernel():
 
 def test_bad_arguments_are_refused_naming_the_placeholder():
     kernel, arrays, good = _kernel()
+    for seed in range(5):
+        assert bad_input_failures(kernel, arrays, good, np.random.default_rng(seed)) == []
+
+
+def test_a_placeholder_of_no_axes_gets_the_bad_arguments_too():
+    """The head of a one-element output of shape (): its wrong shape is (1,)."""
+    X = te.placeholder((4,), F64, "X")
+    k = te.reduce_axis(4, "k")
+    Y = te.compute((), lambda: te.max(X[k], axis=k), name="Y")
+    Head = te.placeholder((), F64, "Head")
+    (dX,) = te.gradient(Y, [X], head=Head)
+    kernel = te.build([X, Head], [Y, dX])
+    arrays = [np.arange(4.0), np.array(2.0)]
+    good = list(kernel(*arrays))
     for seed in range(5):
         assert bad_input_failures(kernel, arrays, good, np.random.default_rng(seed)) == []
 
@@ -52,3 +74,38 @@ def test_the_comparison_catches_a_wrong_value_and_a_leaked_nan():
 
 def test_huge_extents_are_refused_cleanly():
     assert huge_extent_failures() == []
+
+
+def _reads_out_of_range(compute):
+    """The reads of ``compute`` guarded by the selects around them ('outer')
+    that leave their tensor where those selects take them (a select on keys
+    or data is not evaluated here: below one on keys, nothing is checked)."""
+    slots = [n.var.slot for n in walk(compute.body) if isinstance(getattr(n, "var", None), Var)]
+    env = Env(max(slots, default=0) + 1, {})
+    out = []
+
+    def visit(node, taken):
+        if isinstance(node, Select) and all(not isinstance(n, Cmp) or isinstance(n.a, IExpr) for n in walk(node.cond)):
+            where = None if any(isinstance(n, IData) for n in walk(node.cond)) else holds(node.cond, env)
+            visit(node.a, None if where is None or taken is None else taken & where)
+            visit(node.b, None if where is None or taken is None else taken & ~where)
+        elif isinstance(node, Read) and node.guard == "outer" and taken is not None:
+            for ix, n in zip(node.indices, node.shape):
+                if n and not any(isinstance(k, IData) for k in walk(ix)):      # n = 0: an empty batch
+                    value, at = np.broadcast_arrays(exact(ix, env), taken)
+                    if ((value[at] < 0) | (value[at] >= n)).any():
+                        out.append(node)
+        else:
+            for f in fields(node):
+                value = getattr(node, f.name)
+                for child in value if isinstance(value, tuple) else (value,):
+                    if isinstance(child, (Expr, Cond)):
+                        visit(child, taken)
+    visit(compute.body, np.array(True))
+    return out
+
+
+def test_guarded_reads_stay_in_range_where_their_guards_hold():
+    bad = {seed: r for seed in range(41_000_000, 41_002_000) for c in generate(seed).computes
+           for r in _reads_out_of_range(c)}
+    assert not bad, f"{len(bad)} programs, e.g. {next(iter(bad.items()))}"
