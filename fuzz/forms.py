@@ -35,11 +35,10 @@ from __future__ import annotations
 import numpy as np
 
 from .describe import IBin, IConst, IData, IVar, Cmp, Logic, Num, Read, Select
-from .values import Env, V, exact, holds, hull, plus
+from .values import MAX_ELEMENTS, Env, V, exact, holds, hull, plus
 
 NONAFFINE = ("triangle", "packed", "product", "square", "divmod")
 MAX_KEYS = 6            # points of the axis a gather reads
-MAX_GATHERED = 60       # points of the axis a non-affine index reads
 
 
 class Forms:
@@ -81,14 +80,15 @@ class Forms:
         return out
 
     def other_axis(self, scope, taken, n) -> tuple:
-        """A tensor axis for a read besides its targeted index: ``(extent, index)``
-        over a free variable not in ``taken``, or None when ``n`` points leave no room."""
+        """A tensor axis for a read besides its targeted index, most of the time:
+        ``(extent, index)`` over a free variable not in ``taken``; None (no
+        second axis) otherwise, or when it would take the tensor past ``MAX_ELEMENTS``."""
         others = [w for w in scope.free() if w not in taken and w.extent >= 1]
         if not others or not self.chance(0.7):
             return None
         w = self.pick(others)
         rows = w.lo + w.extent
-        return (rows, IVar(w)) if rows * n <= MAX_GATHERED else None
+        return (rows, IVar(w)) if rows * n <= MAX_ELEMENTS else None
 
     def new_read(self, scope, n, index, taken, guard="none") -> V:
         """A new input read at ``index`` along an axis of ``n`` points (a second
@@ -213,7 +213,7 @@ class Forms:
         taken = at[where]
         low, high = int(taken.min()), int(taken.max())
         n = high - low + 1 + int(self.pick([0, 0, 1]))
-        if n > MAX_GATHERED:
+        if n > MAX_ELEMENTS:
             return None
         index = plus(f, -low)
         inside = (values - low >= 0) & (values - low < n)

@@ -29,9 +29,10 @@ Templates, with ``T`` the thresholds:
   (``reduce_lanes``), ``T.align_min_vectors * T.lanes`` (``align``) or
   ``8 * T.sum_run * T.lanes`` (``sum_run``) points, sometimes with a loop
   over rows inside;
-* ``gemm`` (rules 5 to 7): ``Σ_k a(A[i, k]) * b(B[k, j])``, either operand
-  sometimes transposed, with ``k`` about ``T.gemm_min_trips``
-  (``gemm_trips``) or ``T.k_block_min`` (``k_block``), ``i`` about
+* ``gemm`` (rules 5 to 7): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
+  min), either operand sometimes transposed, with ``k`` about
+  ``T.gemm_min_trips`` (``gemm_trips``) or ``T.k_block_min``
+  (``k_block``), ``i`` about
   ``T.tile_rows`` (``tile_rows``), ``B`` about ``T.panel_elements``
   (``panel``), ``i`` about ``T.pack_min_reuse`` with ``B[j, k]``
   (``pack_reuse``), ``A`` about ``T.row_block_elements`` (``row_block``),
@@ -42,8 +43,8 @@ Templates, with ``T`` the thresholds:
   T.transpose_blocks`` blocks (``transpose_blocks``); ``i`` about
   ``T.align_min_vectors * T.gather_block`` past ``T.l1_lines`` columns
   (``align_blocks``); rows of ``X`` about ``T.way_elements`` (``l1_ways``);
-* ``residues`` (rule 0): ``X[m i + c, j]`` for ``m`` 2, ``T.max_residues``
-  or one more (``residues``);
+* ``residues`` (rule 0): ``X[m i + c, j]`` for ``m`` about
+  ``T.max_residues`` (``residues``), or 2;
 * ``stencil`` (rule 0b): padded taps along rows of about 1, 2 or 4 cache
   lines (``interior``), as adds or as a sum over taps;
 * ``root`` (rule 9): about ``T.min_root`` rows of wide rows (``min_root``)

@@ -61,10 +61,9 @@ from .describe import (IBin, IConst, IData, IVar, Binary, Call, Cmp, Compute, In
                        Reduce, Select, ToFloat, Unary, Var, walk)
 from .forms import Forms
 from .large import Large
-from .values import Env, Scope, V, hull
+from .values import MAX_ELEMENTS, Env, Scope, V, hull
 
 LIMIT = 1e3             # bound on the magnitude of every value
-MAX_ELEMENTS = 60       # per tensor
 MAX_REDUCE = 12         # points per reduction
 INPUT_RANGE = 2.0       # float inputs are uniform in [-2, 2]
 LARGE_SHARE = 0.1       # programs in the large mode (large.py)

@@ -10,6 +10,8 @@ import numpy as np
 
 from .describe import IBin, IConst, Cmp, Logic, Var
 
+MAX_ELEMENTS = 60       # per tensor (but a large program's)
+
 
 @dataclass(frozen=True)
 class V:
