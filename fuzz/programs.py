@@ -374,7 +374,7 @@ class Generator(Forms, Large):
             t = round(float(self.rng.uniform(v.lo, v.hi)) * 0.5, 3) + 0.0137
             return Cmp(self.pick(["lt", "le", "gt", "ge"]), v.e, Num(t))
         if kind == "key":
-            free = scope.free()
+            free = [v for v in scope.free() if v.extent > 0]        # a key equal to an empty axis has no values
             if not free:
                 return None
             var = self.pick(free)
@@ -743,7 +743,7 @@ class Generator(Forms, Large):
 
 
 def _sigmoid(x):
-    return 1.0 / (1.0 + math.exp(-x))
+    return 1.0 / (1.0 + math.exp(min(-x, 700.0)))      # exp(709.8) overflows; sigmoid(-700) is 1e-304
 
 
 def _range(f, args, points=65) -> tuple:
