@@ -38,7 +38,14 @@ from .describe import IBin, IConst, IData, IVar, Cmp, Logic, Num, Read, Select
 from .values import MAX_ELEMENTS, Env, V, exact, holds, hull, plus
 
 NONAFFINE = ("triangle", "packed", "product", "square", "divmod")
+GATHER_FORMS = ("one", "nested", "logic")
+EQUAL_FORMS = ("ne", "eq", "not", "all", "any", "nested")
+ONE_OPS = ("max", "min", "sum")
 MAX_KEYS = 6            # points of the axis a gather reads
+# every tag of the forms (the tests check that each is generated)
+FEATURES = frozenset({"gather:select", "guard:equal", "index:nonaffine", "guard:nonaffine"}
+                     | {f"gather:{k}" for k in GATHER_FORMS} | {f"guard:equal:{k}" for k in EQUAL_FORMS}
+                     | {f"nonaffine:{k}" for k in NONAFFINE} | {f"one:{op}" for op in ONE_OPS})
 
 
 class Forms:
@@ -51,7 +58,7 @@ class Forms:
 
     def one_element(self, scope, depth) -> V:
         """A max, min or sum over one or two axes: the body of an output of one element."""
-        op = self.pick(["max", "min", "sum"], [2, 2, 1])
+        op = self.pick(list(ONE_OPS), [2, 2, 1])
         self.tag(f"one:{op}")
         return self.gen_reduce(scope, depth - 1, op=op)
 
@@ -124,7 +131,7 @@ class Forms:
             if m.any() and not m.all():
                 conds.append(c)
         alt = Num(float(self.pick([0.0, 0.0, 0.5])))
-        form = self.pick(["one", "nested", "logic"], [2, 1, 1])
+        form = self.pick(list(GATHER_FORMS), [2, 1, 1])
         self.tag("gather:select", f"gather:{form}")
         first, second = self.pick(conds), self.pick(conds)
         if form == "one":

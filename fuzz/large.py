@@ -17,38 +17,47 @@ Tags: ``large:<template>``, and ``large:<threshold>:below|at|above`` for
 the threshold it straddles (``large:split:below|at|prime|outer``).
 Templates, with ``T`` the thresholds:
 
-* ``split`` (rule 1): a sum, max or min into shape (), (1,) or (1, 1)
+* ``split`` (split_reduction): a sum, max or min into shape (), (1,) or (1, 1)
   (also tagged ``one:<op>``) over fewer than ``T.split_min_work`` points
   with an outer extent a multiple of a part count (``below``: not split),
   at least that many with such an outer extent (``at``: split), a prime
   above it (``prime``) or two axes whose outer extent no part count divides
   (``outer``: not split);
-* ``vector`` (rule 3): an elementwise body over rows of about ``T.lanes``
+* ``vector`` (vector_axis): an elementwise body over rows of about ``T.lanes``
   or ``T.tile_vectors * T.lanes`` (``tile_width``) points;
-* ``lane_reduction`` (rule 3): row reductions of about ``T.lanes``
+* ``lane_reduction`` (lane_reduction, aligned_grid): row reductions of about ``T.lanes``
   (``reduce_lanes``), ``T.align_min_vectors * T.lanes`` (``align``) or
   ``8 * T.sum_run * T.lanes`` (``sum_run``) points, sometimes with a loop
   over rows inside;
-* ``gemm`` (rules 5 to 7): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
+* ``gemm`` (register_tile, panels, packing, k_blocks, row_blocks, dot_tiles): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
   min), either operand sometimes transposed, with ``k`` about
   ``T.gemm_min_trips`` (``gemm_trips``) or ``T.k_block_min``
   (``k_block``), ``i`` about
   ``T.tile_rows`` (``tile_rows``), ``B`` about ``T.panel_elements``
   (``panel``), ``i`` about ``T.pack_min_reuse`` with ``B[j, k]``
   (``pack_reuse``), ``A`` about ``T.row_block_elements`` (``row_block``),
-  ``B[j, k]`` about ``T.pack_max_elements`` (``dot_tiles``);
-* ``transpose`` (rule 8): ``Y[i, j]`` of ``X[j, i]``, ``i`` about
+  ``B[j, k]`` about ``T.pack_max_elements`` (``dot_tiles``; 2 rows or
+  ``T.dot_tile + 1``);
+* ``transpose`` (gather_blocks, vector_width): ``Y[i, j]`` of ``X[j, i]``, ``i`` about
   ``T.gather_block // 2`` (``gather_half``) or ``T.gather_block``
   (``gather_block``); ``j`` about ``T.l1_lines`` over ``2 *
   T.transpose_blocks`` blocks (``transpose_blocks``); ``i`` about
   ``T.align_min_vectors * T.gather_block`` past ``T.l1_lines`` columns
   (``align_blocks``); rows of ``X`` about ``T.way_elements`` (``l1_ways``);
-* ``residues`` (rule 0): ``X[m i + c, j]`` for ``m`` about
+* ``residues`` (residue_classes): ``X[m i + c, j]`` for ``m`` about
   ``T.max_residues`` (``residues``), or 2;
-* ``stencil`` (rule 0b): padded taps along rows of about 1, 2 or 4 cache
-  lines (``interior``), as adds or as a sum over taps;
-* ``root`` (rule 9): about ``T.min_root`` rows of wide rows (``min_root``)
-  or about ``T.weighed_root`` narrow ones (``weighed_root``).
+* ``stencil`` (interior_split): padded taps ``X[i, j - R] ... X[i, j +
+  R]`` along rows of about 1, 2 or 4 aligned blocks of ``T.line``
+  (``interior``) or about ``3 T.line + R``, the shortest rows split
+  (``interior_ends``), as adds or as a sum over taps;
+* ``root`` (parallel_root): about ``T.min_root`` rows of wide rows
+  (``min_root``) or about ``T.weighed_root`` narrow ones (``weighed_root``);
+* ``chains`` (vector_width): one or two functions with an inline vector
+  body applied in turn to a read, rows of about ``T.lanes`` times half
+  ``T.math_chains`` or ``T.math_chains`` points (``chains1``, ``chains2``);
+* ``row_peel`` (row_peeling): a padded convolution ``Σ_{d, c} X[b, i + d -
+  R, c] W[d, c, j]`` whose row interior (``0 <= i + d - R < H`` for every
+  tap) is about ``T.tile_rows`` rows (``row_peel``).
 """
 from __future__ import annotations
 
@@ -60,9 +69,19 @@ from .thresholds import thresholds
 from .values import Scope, V, plus
 
 TEMPLATES = {"split": 3, "vector": 2, "lane_reduction": 3, "gemm": 4, "transpose": 3, "residues": 1.5,
-             "stencil": 1.5, "root": 1.5}
-GRID_BUDGET = 1 << 18       # grid points past which a body is one leaf (torch materialises the grid)
+             "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5}
+# the thresholds straddled (large:<name>:below|at|above), by template; the split's sides are its own
+STRADDLED = {"vector": ("vector", "tile_width"), "lane_reduction": ("reduce_lanes", "align", "sum_run"),
+             "gemm": ("gemm_trips", "k_block", "tile_rows", "panel", "pack_reuse", "row_block", "dot_tiles"),
+             "transpose": ("gather_half", "gather_block", "transpose_blocks", "align_blocks", "l1_ways"),
+             "residues": ("residues",), "stencil": ("interior", "interior_ends"), "root": ("min_root", "weighed_root"),
+             "chains": ("chains1", "chains2"), "row_peel": ("row_peel",)}
+SPLIT_SIDES = ("below", "at", "prime", "outer")
 SIDES = {"below": -1, "at": 0, "above": 1}
+# every tag of the large programs (the tests check that each is generated)
+FEATURES = frozenset({"large"} | {f"large:{t}" for t in TEMPLATES} | {f"large:split:{s}" for s in SPLIT_SIDES}
+                     | {f"large:{name}:{side}" for names in STRADDLED.values() for name in names for side in SIDES})
+GRID_BUDGET = 1 << 18       # grid points past which a body is one leaf (torch materialises the grid)
 
 
 def _next_prime(n: int) -> int:
@@ -83,6 +102,7 @@ class Large:
 
     def straddle(self, name, n, least=1) -> int:
         """``n - 1``, ``n`` or ``n + 1`` (at least ``least``), tagged ``large:<name>:below|at|above``."""
+        assert any(name in names for names in STRADDLED.values()), name
         side = self.pick(list(SIDES))
         self.tag(f"large:{name}:{side}")
         return max(least, n + SIDES[side])
@@ -135,7 +155,7 @@ class Large:
     def large_split(self, T) -> Compute:
         S, p = T.split_min_work, int(self.pick(T.split_parts))
         q = next(k for k in count(3) if all(k % part for part in T.split_parts))
-        side = self.pick(["below", "at", "prime", "outer"])
+        side = self.pick(list(SPLIT_SIDES))
         self.tag(f"large:split:{side}")
         extents = self.pick({"below": [((S - 1) // p * p,), (p, (S - 1) // p)],
                              "at": [(-(-S // p) * p,), (p, -(-S // p))],
@@ -152,7 +172,7 @@ class Large:
         return self.output(self.pick([(), (1,), (1, 1)]), lambda s, _: self.reduced(s, op, extents, terms))
 
     def large_vector(self, T) -> Compute:
-        which = self.pick(["vector", "tile_width"])
+        which = self.pick(list(STRADDLED["vector"]))
         j = self.straddle(which, T.lanes if which == "vector" else T.tile_vectors * T.lanes)
         shape = (int(self.rng.integers(1, 4)), j) if self.chance(0.8) else (2, int(self.rng.integers(1, 4)), j)
 
@@ -165,7 +185,7 @@ class Large:
         return self.output(shape, body)
 
     def large_lane_reduction(self, T) -> Compute:
-        which = self.pick(["reduce_lanes", "align", "sum_run"])
+        which = self.pick(list(STRADDLED["lane_reduction"]))
         k = self.straddle(which, {"reduce_lanes": T.lanes, "align": T.align_min_vectors * T.lanes,
                                   "sum_run": 8 * T.sum_run * T.lanes}[which])
         rows = int(self.pick([1, 2, 3, T.min_root + 1]))
@@ -185,7 +205,7 @@ class Large:
         return self.output((rows,), body)
 
     def large_gemm(self, T) -> Compute:
-        which = self.pick(["gemm_trips", "k_block", "tile_rows", "panel", "pack_reuse", "row_block", "dot_tiles"],
+        which = self.pick(list(STRADDLED["gemm"]),
                           [3, 3, 3, 2, 2, 1, 1])
         i, j, k = T.tile_rows + 1, T.tile_vectors * T.lanes + 1, T.gemm_min_trips + 1
         a_t, b_t = self.chance(0.3), self.chance(0.3)           # A[k, i], B[j, k]
@@ -203,8 +223,8 @@ class Large:
         elif which == "row_block":
             k, a_t = T.k_block, False
             i = self.straddle(which, T.row_block_elements // k)
-        else:
-            b_t, i, j = True, 2, T.tile_vectors * T.lanes * 64
+        else:                                                   # rows: a remainder tile, or whole tiles and one
+            b_t, i, j = True, int(self.pick([2, T.dot_tile + 1])), T.tile_vectors * T.lanes * 64
             k = self.straddle(which, T.pack_max_elements // j)
         op = self.pick(["sum", "max", "min"], [4, 1, 1])
 
@@ -219,7 +239,7 @@ class Large:
         return self.output((i, j), body)
 
     def large_transpose(self, T) -> Compute:
-        which = self.pick(["gather_half", "gather_block", "transpose_blocks", "align_blocks", "l1_ways"])
+        which = self.pick(list(STRADDLED["transpose"]))
         i, j = T.gather_block + 1, T.lanes + 1
         if which == "gather_half":
             i = self.straddle(which, T.gather_block // 2)
@@ -252,8 +272,11 @@ class Large:
         return self.output((rows, cols), body)
 
     def large_stencil(self, T) -> Compute:
-        j = self.straddle("interior", int(self.pick([1, 2, 4])) * T.line, 2)
         rows, reach = int(self.rng.integers(1, 4)), int(self.pick([1, 2]))
+        if self.chance(0.5):
+            j = self.straddle("interior", int(self.pick([1, 2, 4])) * T.line, 2)
+        else:       # the shortest split: aligned interior [line, 3 line) as long as the borders (line + reach)
+            j = self.straddle("interior_ends", 3 * T.line + reach, 2)
 
         def body(scope, axes):
             i, jj = axes
@@ -274,7 +297,7 @@ class Large:
         return self.output((rows, j), body)
 
     def large_root(self, T) -> Compute:
-        which = self.pick(["min_root", "weighed_root"])
+        which = self.pick(list(STRADDLED["root"]))
         if which == "min_root":
             shape = (self.straddle(which, T.min_root), 4 * T.lanes + 1)
         else:
@@ -282,4 +305,37 @@ class Large:
 
         def body(scope, axes):
             return self.body_over([self.leaf(scope, *axes), self.leaf(scope, axes[0])], scope)
+        return self.output(shape, body)
+
+    def large_chains(self, T) -> Compute:
+        depth = int(self.pick([1, 2]))
+        # vector_width.chained_lanes: math_chains vectors a step through two functions, half through one
+        j = self.straddle(f"chains{depth}", T.lanes * max(1, T.math_chains >> (2 - depth)), 2)
+        shape = (int(self.rng.integers(1, 4)), j)
+
+        def body(scope, axes):
+            v = self.leaf(scope, *axes)
+            for _ in range(depth):
+                v = self.unary_of(self.pick(T.math_functions), v)
+            if self.chance(0.5):
+                v = self.binary_of(self.pick(["add", "mul"]), v, self.leaf(scope, axes[1]))
+            return v
+        return self.output(shape, body)
+
+    def large_row_peel(self, T) -> Compute:
+        reach = int(self.pick([1, 2]))
+        rows = self.straddle("row_peel", T.tile_rows, 1) + 2 * reach       # the interior: rows - 2 reach
+        cols, chans = T.tile_vectors * T.lanes + int(self.pick([-1, 0, 1])), T.gemm_min_trips
+        shape = (int(self.rng.integers(2, 4)), rows, cols)
+
+        def body(scope, axes):
+            b, i, j = axes
+            x, w = self.add_input((shape[0], rows, chans)), self.add_input((2 * reach + 1, chans, cols))
+
+            def taps(inner, r):               # Σ_{d, c} X[b, i + d - R, c] * W[d, c, j]
+                d, c = r
+                read = self.guarded_read(x, (IVar(b), plus(IBin("+", IVar(i), IVar(d)), -reach), IVar(c)), inner)
+                return self.binary_of("mul", self.body_over([read], inner),
+                                      self.guarded_read(w, (IVar(d), IVar(c), IVar(j)), inner))
+            return self.reduced(scope, self.pick(["sum", "max", "min"], [4, 1, 1]), (2 * reach + 1, chans), taps)
         return self.output(shape, body)

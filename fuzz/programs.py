@@ -245,8 +245,12 @@ class Generator(Forms, Large):
         """An operator of one operand of te's table, its operand brought into
         the operator's ``domain`` (``te_autodiff/ops.py``)."""
         op = self.pick(unary_names())
+        return self.unary_of(op, self.expr(scope, depth))
+
+    def unary_of(self, op, a) -> V:
+        """``op`` of ``a``, its operand brought into the operator's ``domain``."""
         self.tag(f"unary:{op}")
-        a = self.into(self.expr(scope, depth), OPS[op].domain)
+        a = self.into(a, OPS[op].domain)
         if op == "neg":
             return V(Unary("neg", a.e), -a.hi, -a.lo)
         return V(Unary(op, a.e), *_range(OPS[op].fold, [a]))
