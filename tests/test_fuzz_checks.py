@@ -7,17 +7,28 @@
 * The generator's guards: a read guarded by the selects around it (the
   targeted forms' equality guards and conditions found on the grid among
   them) stays in its tensor wherever those selects take it.
+* The targeted forms (``fuzz/forms.py``, ``fuzz/large.py``) over a fixed
+  range of seeds: selects around gathers, equality guards, non-affine
+  guarded indices, one-element max, min and sum, and large programs on both
+  sides of every threshold; the split reduction's sides on both sides of
+  the schedule's own test; the thresholds follow the target and the
+  schedule's constants (read, not copied).
 """
 from dataclasses import fields
+from functools import lru_cache
 
 import numpy as np
 
+import lowering.schedule.split_reduction as split_reduction
 import te_autodiff as te
+from fuzz import forms, large
 from fuzz.bad_inputs import bad_input_failures, huge_extent_failures
 from fuzz.check import compare
-from fuzz.describe import Cmp, Cond, Expr, IData, IExpr, Read, Select, Var, walk
-from fuzz.programs import generate
+from fuzz.describe import Cmp, Cond, Expr, IData, IExpr, Read, Reduce, Select, Var, walk
+from fuzz.programs import generate, is_large
+from fuzz.thresholds import thresholds
 from fuzz.values import Env, exact, holds
+from lowering.schedule.blocking import blocking
 
 F64 = "float64"
 
@@ -109,3 +120,64 @@ def test_guarded_reads_stay_in_range_where_their_guards_hold():
     bad = {seed: r for seed in range(41_000_000, 41_002_000) for c in generate(seed).computes
            for r in _reads_out_of_range(c)}
     assert not bad, f"{len(bad)} programs, e.g. {next(iter(bad.items()))}"
+
+
+FORMS, LARGE = range(41_000_000, 41_002_000), range(41_000_000, 41_040_000)     # seeds
+
+
+@lru_cache(maxsize=None)
+def _large_programs():
+    """The large programs among the seeds ``LARGE`` (one in ten; generated only, never run)."""
+    return [generate(seed) for seed in LARGE if is_large(seed)]
+
+
+def test_every_targeted_form_is_generated():
+    small = set().union(*(generate(seed).features for seed in FORMS))
+    assert not forms.FEATURES - small, f"never generated: {sorted(forms.FEATURES - small)}"
+    big = set().union(*(p.features for p in _large_programs()))
+    assert not large.FEATURES - big, f"never generated: {sorted(large.FEATURES - big)}"
+
+
+def test_the_split_sides_straddle_the_schedules_own_test():
+    """``large:split:at`` reduces over extents the split rule splits
+    (``splits_reduction``); ``:below`` (too short), ``:prime`` and ``:outer``
+    (long enough, no part count divides the outer extent) over extents it
+    does not."""
+    sides = {}
+    for p in _large_programs():
+        side = next((f.rsplit(":", 1)[1] for f in p.features if f.startswith("large:split:")), None)
+        if side is None:
+            continue
+        red = next(n for n in walk(p.computes[-1].body) if isinstance(n, Reduce))
+        extents = [a.extent for a in red.axes]
+        assert split_reduction.splits_reduction(extents) == (side == "at"), (p.seed, side, extents)
+        sides[side] = sides.get(side, 0) + 1
+    assert set(sides) == set(large.SPLIT_SIDES)
+
+
+def test_the_thresholds_follow_the_target_and_the_schedule(monkeypatch):
+    """Generated from ``TE_TARGET``'s figures and the rule modules'
+    constants at run time: a ``large:vector`` program's rows are one vector
+    of the target's float64 lanes (one fewer, one more), and a retuned
+    split threshold moves the split programs' extents."""
+    vector = next(p for p in _large_programs() if "large:vector:at" in p.features)
+    try:
+        lanes = {}
+        for name in ("haswell", "x86-64-v4"):
+            monkeypatch.setenv("TE_TARGET", name)
+            thresholds.cache_clear()
+            T, bl = thresholds(), blocking(te.target())
+            assert (T.lanes, T.tile_rows, T.k_block, T.math_chains) == \
+                (te.target().lanes(8), bl.tile_rows, bl.k_block, bl.math_chains)
+            lanes[name] = T.lanes
+            assert generate(vector.seed).computes[-1].shape[-1] == T.lanes
+        assert lanes["haswell"] < lanes["x86-64-v4"]
+        monkeypatch.setattr(split_reduction, "SPLIT_MIN_WORK", 1000)
+        thresholds.cache_clear()
+        assert thresholds().split_min_work == 1000
+        at = next(p for p in _large_programs() if "large:split:at" in p.features)
+        red = next(n for n in walk(generate(at.seed).computes[-1].body) if isinstance(n, Reduce))
+        assert 1000 <= np.prod([a.extent for a in red.axes]) < 1000 + max(split_reduction.SPLIT_PARTS)
+    finally:
+        monkeypatch.undo()
+        thresholds.cache_clear()
