@@ -68,7 +68,8 @@ import numpy as np
 from te_autodiff.ops import is_transcendental
 
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
-from .loop_ir import Block, Const, For, If, IntPower, Program, Simd, children, stmt_exprs
+from .loop_ir import (Block, BufLoad, Const, For, GuardedLoad, If, IntPower, Program, Simd, Store, children,
+                      stmt_exprs)
 from . import llvm_process
 from .native_call import Descriptor
 from .target import (Target, data_layout, default_threads, initialise_llvm, target_machine,
@@ -320,14 +321,44 @@ class _StagePlan:
 def _stage_costs(program: Program, groups: list) -> list:
     """``(work, bytes)`` of each stage: its :func:`_work` (counted once per
     template: ``codegen_llvm.stage_groups``) and the bytes of the buffers it
-    touches."""
+    touches; for a step of a time loop, no more than its loads and stores
+    move (:func:`_moved`): it touches a row of the buffers that hold every
+    step, not the whole of them."""
     number = {id(st): n for n, st in enumerate(program.stages)}
     out = [None] * len(program.stages)
     for template, members in groups:
         work = _work(template.body)
+        moved = _moved(template.body) if any(m.stage.step is not None for m in members) else None
         for member in members:
-            out[number[id(member.stage)]] = (work, sum(buf.nbytes for buf, _ in member.slots))
+            nbytes = sum(buf.nbytes for buf, _ in member.slots)
+            if member.stage.step is not None:
+                nbytes = min(nbytes, moved)
+            out[number[id(member.stage)]] = (work, nbytes)
     return out
+
+
+def _moved(stmt) -> int:
+    """Bytes the loads and stores of ``stmt`` move when it runs once, as if
+    none were reused (unknown extents count 16, as in :func:`_work`)."""
+    if isinstance(stmt, For):
+        return max(stmt.extent.value if isinstance(stmt.extent, Const) else 16, 0) * _moved(stmt.body)
+    if isinstance(stmt, Simd):
+        return stmt.lanes * _moved(stmt.body)
+    if isinstance(stmt, Block):
+        return sum(_moved(x) for x in stmt.stmts)
+    if isinstance(stmt, If):
+        return max(_moved(stmt.then), 0 if stmt.else_ is None else _moved(stmt.else_))
+    seen, stack, total = set(), list(stmt_exprs(stmt)), 0
+    if isinstance(stmt, Store):
+        total += np.dtype(stmt.buffer.dtype).itemsize
+    while stack:
+        e = stack.pop()
+        if id(e) not in seen:
+            seen.add(id(e))
+            if isinstance(e, (BufLoad, GuardedLoad)):
+                total += np.dtype(e.buffer.dtype).itemsize
+            stack += children(e)
+    return total
 
 
 def _estimate_us(work: int, nbytes: int, target: Target) -> float:
@@ -364,8 +395,10 @@ class _StepSplit:
     """Whether a kernel splits its time loops' short steps across threads,
     chosen by timing its own calls.  Splitting pays while the other cores
     are free and costs a wait at every step for a descheduled thread while
-    they are not, which only a measurement tells.  The first two calls try
-    both ways; then each call runs the faster one (a running mean of its
+    they are not, which only a measurement tells.  The first call warms up
+    (it touches new temporaries and starts the thread team: not a measure
+    of either way) and is not timed; the next two try both ways; then each
+    call runs the faster one (a running mean of its
     times) and now and then one runs the other (a probe: its time replaces
     that way's mean), so a change of the machine's load is followed.  A
     probe that loses again comes half as often, down to one call in
@@ -373,6 +406,7 @@ class _StepSplit:
     Results are the same bits either way."""
 
     FIRST, LAST = 16, 1024      # calls between probes
+    WARM = 1                    # first calls, not splitting, whose times are not kept
 
     def __init__(self):
         self.calls = 0
@@ -385,11 +419,15 @@ class _StepSplit:
 
     def choose(self) -> int:
         n, self.calls = self.calls, self.calls + 1
+        if n < self.WARM:
+            return 0
         if None in self.seconds:
-            return n % 2
+            return (n - self.WARM) % 2
         return 1 - self.best() if n >= self.probe_at else self.best()
 
     def record(self, way: int, seconds: float):
+        if self.calls <= self.WARM:
+            return
         old = self.seconds[way]
         if old is None or way != self.best():      # a first time, or a probe
             self.seconds[way] = seconds

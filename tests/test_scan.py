@@ -436,6 +436,7 @@ def test_short_steps_are_split_only_while_splitting_pays(rng):
         split.record(way, seconds[way])
         return way
 
+    assert [call((50.0, 50.0))] == [0]          # the first call warms up: its time is not kept
     assert [call((2.0, 1.0)) for _ in range(2)] == [0, 1]
     ways = [call((2.0, 1.0)) for _ in range(600)]
     probes = [k for k, way in enumerate(ways) if way == 0]
@@ -443,6 +444,9 @@ def test_short_steps_are_split_only_while_splitting_pays(rng):
     assert 3 <= len(probes) <= 7 and (gaps[1:] > gaps[:-1]).all()       # ever rarer
     ways = [call((1.0, 6.0)) for _ in range(50)]                         # another process took a core
     assert ways[3:].count(1) == 0
+
+    split = _StepSplit()                          # a slow first call does not make splitting look faster
+    assert [call((50.0, 50.0))] + [call((1.0, 2.0)) for _ in range(12)] == [0, 0, 1] + [0] * 10
 
     ins, Y = elman(12, 32, 128, 64, dtype="float32")
     g = te.gradient(Y, ins)
@@ -564,3 +568,23 @@ def test_a_step_input_computed_for_every_step_says_why_it_reads_out_of_range(rng
         want[t] = want[t - 1] * 0.5 + 2 * x[t - 1]
     eps = np.finfo(np.float64).eps      # two roundings a step (one where te contracts to an fma), T steps
     np.testing.assert_allclose(te.build([X], [scan_of(guarded)])(x), want, rtol=2 * T * eps, atol=2 * T * eps)
+
+
+def test_a_steps_estimate_counts_one_step_of_the_state_not_all_of_it():
+    """The runtime's estimate of a step stage (which decides whether it is
+    split across threads at every step) counts the bytes one step moves:
+    the same for 8 steps as for 512, though the state buffer holding every
+    step grows 64 times."""
+    from lowering.runtime import _estimate_us
+
+    def step_estimates(T, n=4096):
+        X = te.placeholder((T, n), "float32", "X")
+        S = te.placeholder((T, n), "float32", "S")
+        init = te.compute((1, n), lambda _, i: X[0, i], name="init")
+        step = te.compute((T, n), lambda t, i: S[t - 1, i] * 0.5 + X[t, i], name="step")
+        kernel = te.build([X], [te.scan(init, step, S, inputs=[X], name="s")])
+        c = kernel._compiled
+        return [_estimate_us(*cost, c.target) for st, cost in zip(kernel.program.stages, c.costs) if st.step]
+
+    short, long = step_estimates(8), step_estimates(512)
+    assert short and short == long
