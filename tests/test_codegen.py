@@ -1,13 +1,16 @@
-"""Code generation choices: stores across the lanes written as rows."""
+"""Code generation choices: stores across the lanes written as rows; the
+arithmetic that keeps its association."""
 import numpy as np
 import pytest
 
 import te_autodiff as te
 from lowering.codegen_llvm import row_groups
-from lowering.loop_ir import Block, BufLoad, Buffer, Simd, Store, walk
+from lowering.codegen_llvm.emitter import ordered_nodes
+from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, Local, Simd, Store, children, stmt_exprs,
+                              walk)
 from lowering.pipeline import lower_for
 from lowering.schedule.constructors import idx
-from te_autodiff.expr import add, const, mul, var
+from te_autodiff.expr import BinOp, add, const, maximum, mul, var
 
 Y = Buffer("Y", (64, 64), "float32", "output")
 LANE, ROW = var("l"), var("r")
@@ -133,3 +136,46 @@ def test_convolution_gradients_through_row_stores_match_numpy(dtype):
                            target=target if te.target(target).missing_on_host() is None else "host")
             for got, ref in zip(run(*(a.astype(dtype) for a in (x, w, h))), want):
                 np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+def _float_products(stage):
+    nodes, stack = set(), [e for s in walk(stage.body) for e in stmt_exprs(s)]
+    while stack:
+        e = stack.pop()
+        if e not in nodes:
+            nodes.add(e)
+            stack += children(e)
+    return {e for e in nodes if isinstance(e, BinOp) and e.op == "mul" and e.dtype == "float64"}
+
+
+def test_what_is_compared_or_an_extremum_candidate_keeps_its_association():
+    """The float arithmetic of a min's body and of the argmax stage that
+    recomputes it and compares it with == is ordered: emitted without
+    ``reassoc``, so LLVM computes it as written in every stage and code
+    path (a register tile, its remainder rows); a sum's products stay free."""
+    A = te.placeholder((8, 9), "float64", "A")
+    B = te.placeholder((16, 8), "float64", "B")
+    r = te.reduce_axis(8, "r")
+    Y = te.compute((9, 16), lambda i, j: te.min(A[r, i] * (j - 1).astype("float64") * B[j, r], axis=r), name="Y")
+    Z = te.compute((9, 16), lambda i, j: te.sum(A[r, i] * (j - 1).astype("float64") * B[j, r], axis=r), name="Z")
+    dA, = te.gradient(Y, [A])
+    stages = {s.name: s for s in lower_for([A, B], [Y, Z, dA]).scheduled.stages}
+    for name, ordered in (("Y", True), ("Y.argmax", True), ("Z", False)):
+        products = _float_products(stages[name])
+        assert products, name
+        assert (products <= ordered_nodes(stages[name].body)) if ordered else \
+            not (products & ordered_nodes(stages[name].body)), name
+
+
+def test_an_extremum_of_a_local_orders_what_the_local_is_computed_from():
+    """``m = max(m, s)`` with ``s`` a sum's accumulator (a reduction nested
+    in a max) or a let: the arithmetic assigned to ``s`` is ordered too;
+    another accumulator's is not."""
+    a, b, c = (BufLoad(Buffer(n, (4,), "float64", "input"), idx(0)) for n in "abc")
+    s, m, t = Local("s", "float64"), Local("m", "float64"), Local("t", "float64")
+    body = Block((Alloc(s, const(0.0, "float64")), Assign(s, add(s, mul(a, b))),
+                  Alloc(t, const(0.0, "float64")), Assign(t, add(t, mul(b, c))),
+                  Alloc(m, const(float("-inf"), "float64")), Assign(m, maximum(m, s))))
+    ordered = ordered_nodes(body)
+    assert {mul(a, b), add(s, mul(a, b))} <= ordered
+    assert not {mul(b, c), add(t, mul(b, c))} & ordered

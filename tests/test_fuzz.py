@@ -36,8 +36,7 @@ SEED, PROGRAMS = 13, 300
 TARGETED_SEED, FORMS, LARGE = 17, 80, 100
 # programs failing on a library bug not fixed yet, each reduced to a repro
 # the fuzzer's report names; the run must not fail on any other
-KNOWN = {17002142: "a min's gradient lost in a register tile's remainder row: Y.argmax recomputes "
-                   "the body with other rounding than the tiled forward and finds no match"}
+KNOWN = {}
 F64 = "float64"
 
 

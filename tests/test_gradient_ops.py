@@ -397,6 +397,58 @@ def test_extremum_ties_send_the_gradient_to_the_first(op, pick):
     assert_close(r.naive, [expected])
 
 
+def _register_tile():
+    """Rows and vectors of the target's register tile."""
+    from lowering.schedule.blocking import TILE_VECTORS, blocking
+    return blocking(te.target()).tile_rows, TILE_VECTORS
+
+
+@pytest.mark.parametrize("form", ["product", "sum"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("extra", [-1, 0, 1, "2t+1"])
+def test_min_finds_its_position_in_every_row_of_a_register_tile(rng, dtype, extra, form):
+    """``Y[i, j] = min_r (X0[r, i] * (j + 1)) * X1[j, r]`` (or the same with
+    ``+``), a GEMM-like min that the schedule register-tiles, with rows on
+    both sides of a whole tile: the derivative's ``Y.argmax`` recomputes the
+    body and looks for the first position equal to the stored ``Y``, so
+    every code path computing it (the tile, its remainder rows, the argmax
+    stage) must round it the same; a remainder row once found no match and
+    lost its gradient.  The minimum is unique by a margin, so the reference
+    is the plain argmin."""
+    rows, vectors = _register_tile()
+    I = 2 * rows + 1 if extra == "2t+1" else rows + extra
+    K, J = 8, vectors * te.target().lanes(np.dtype(dtype).itemsize)        # J: one tile's columns
+    X0 = te.placeholder((K, I), dtype, "X0")
+    X1 = te.placeholder((J, K), dtype, "X1")
+    r = te.reduce_axis((0, K), "r")
+    op = (lambda a, b: a * b) if form == "product" else (lambda a, b: a + b)
+    Y = te.compute((I, J), lambda i, j: te.min(op(op(X0[r, i], (j + 1).astype(dtype)), X1[j, r]), axis=r), name="Y")
+    dX0, = te.gradient(Y, [X0])
+    # X1[j, r] over r: a permutation of the levels 1..K (times [1, 1.01]),
+    # which set the order of the candidates; X0 moves them a little (product:
+    # a factor in [1, 1.05] with random signs; sum: a term in [0, 0.05]).
+    levels = np.stack([rng.permutation(K) + 1.0 for _ in range(J)]) * rng.uniform(1.0, 1.01, (J, K))
+    if form == "product":
+        x0 = rng.uniform(1.0, 1.05, (K, I)) * rng.choice([-1.0, 1.0], (K, I))
+        x1 = levels * rng.choice([-1.0, 1.0], (J, K))
+    else:
+        x0, x1 = rng.uniform(0.0, 0.05, (K, I)), levels
+    x0, x1 = x0.astype(dtype), x1.astype(dtype)
+    c = np.arange(J) + 1.0
+    body = op(op(x0.astype(np.float64)[:, :, None], c), x1.T.astype(np.float64)[:, None, :])     # [r, i, j]
+    low = np.sort(body, axis=0)
+    assert (low[1] - low[0] > 0.01 * np.maximum(np.abs(low[0]), np.abs(low[1]))).all()     # a unique minimum
+    first = body.argmin(0)
+    want = np.zeros((K, I))
+    for i in range(I):
+        for j in range(J):
+            want[first[i, j], i] += c[j] * x1[j, first[i, j]] if form == "product" else 1.0
+    y, dx0 = run([X0, X1], [Y, dX0], [x0, x1])
+    rtol = 1e-5 if dtype == "float32" else 1e-12
+    assert_close(y, body.min(0), rtol=rtol)
+    assert_close(dx0, want, rtol=rtol)
+
+
 def test_check_gradient_of_a_float32_program():
     x = te.placeholder((2, 3), "float32", "x")
     k = te.reduce_axis(3, "k")

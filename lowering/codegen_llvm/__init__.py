@@ -19,14 +19,18 @@ Float arithmetic carries ``reassoc contract nsz`` (never nnan/ninf: max
 reductions start from -inf; never arcp: ``x * (1/d)`` for ``x / d`` in one
 stage and not in another would make the derivative of a max, which finds the
 first position where the recomputed body equals the stored maximum, miss
-it); floor division and modulo on floats follow
-numpy's ``divmod`` exactly and carry no fast-math flags.  The operators are
-those of the table ``te_autodiff/ops.py``: arithmetic is an LLVM instruction
-(``_INSTRUCTIONS``); a function with a body of our own for its dtype in
-``fast_math.py`` (exp, log, tanh, erf...) is that LLVM IR, inline, or one
-internal function per module that a stage applying one many times calls
-(``INLINE_MATH_USES``); any other is the table's LLVM intrinsic or libm
-function.
+it), except a value that is compared or is a max's or min's candidate, and
+what it is computed from: that keeps the association written, without
+``reassoc`` (``emitter.ordered_nodes``), for LLVM reassociates by the order
+of the operands in the surrounding code, which differs between a register
+tile, its remainder rows and the argmax stage.  Floor division and modulo
+on floats follow numpy's ``divmod`` exactly and carry no fast-math flags.
+The operators are those of the table ``te_autodiff/ops.py``: arithmetic is
+an LLVM instruction (``_INSTRUCTIONS``); a function with a body of our own
+for its dtype in ``fast_math.py`` (exp, log, tanh, erf...) is that LLVM IR,
+inline, or one internal function per module that a stage applying one many
+times calls (``INLINE_MATH_USES``); any other is the table's LLVM intrinsic
+or libm function.
 
 Vector loops: inside a :class:`~lowering.loop_ir.Simd` loop every value is
 either the same in all lanes (kept scalar) or a ``<W x T>`` vector; a load

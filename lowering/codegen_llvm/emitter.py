@@ -8,7 +8,8 @@ from collections import Counter
 
 from llvmlite import ir
 
-from te_autodiff.expr import BinOp, Const, Unary, Var
+from te_autodiff import dtype as dt
+from te_autodiff.expr import BinOp, Cmp, Const, Unary, Var
 from te_autodiff.ops import OPS
 from te_autodiff.visit import topo_order
 
@@ -17,8 +18,8 @@ from ..loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, Guar
                        Simd, Stage, Store, children, free_leaves, simplify_index, stage_buffers, stmt_exprs,
                        stride, substitute, walk)
 from ..target import Target
-from .llvm_types import (I1, I8, I32, I64, ITEMSIZE, MEMORY_TYPE, PTR, VALUE_TYPE, distinct_md, element_align,
-                         element_type, kind_of, mangle, shaped)
+from .llvm_types import (FAST, I1, I8, I32, I64, ITEMSIZE, MEMORY_TYPE, ORDERED, PTR, VALUE_TYPE, distinct_md,
+                         element_align, element_type, kind_of, mangle, shaped)
 from .operators import EXPR, apply_operator
 from .streaming import StreamingStores
 from .vector_idioms import TransposedRows, row_groups
@@ -46,8 +47,54 @@ class _Lanes:
         return self.bases[index]
 
 
+def ordered_nodes(body) -> set:
+    """The expression nodes of a stage's ``body`` whose float arithmetic
+    keeps the association written (``ORDERED``: no ``reassoc``): the values
+    compared (a float comparison's operands), those combined by a float max
+    or min (a reduction's body included) and everything they are computed
+    from, through the locals they read (a let, an inner reduction's
+    accumulator).
+
+    LLVM reassociates a tree of ``reassoc`` operations by the rank of its
+    operands, which follows their order in the surrounding code: the same
+    expression can round differently in a register tile, in its remainder
+    row and in another stage.  The derivative of a max or a min finds the
+    first position where the recomputed body *equals* the stored extremum
+    (``derivative._seed_extremum``), and a select's derivative recomputes
+    its comparison; so wherever a value is compared or is an extremum's
+    candidate it is computed as written, in every stage and every code
+    path, and the other arithmetic stays free to be reassociated."""
+    defs, roots, visited = {}, [], set()
+    for s in walk(body):
+        if isinstance(s, Alloc) and s.init is not None:
+            defs.setdefault(s.local, []).append(s.init)
+        elif isinstance(s, Assign):
+            defs.setdefault(s.local, []).append(s.value)
+        stack = list(stmt_exprs(s))
+        while stack:
+            e = stack.pop()
+            if e in visited:
+                continue
+            visited.add(e)
+            if isinstance(e, Cmp) and dt.is_float(e.a.dtype) or (
+                    isinstance(e, (BinOp, LaneReduce)) and e.op in ("max", "min") and dt.is_float(e.dtype)):
+                roots.append(e)
+            stack += children(e)
+    seen, stack = set(), roots
+    while stack:
+        e = stack.pop()
+        if e not in seen:
+            seen.add(e)
+            stack += children(e)
+            stack += defs.get(e, ()) if isinstance(e, Local) else ()
+    return seen
+
+
 class _Emitter:
-    """An IR builder ``b`` in function ``fn`` of ``module``, for ``target``."""
+    """An IR builder ``b`` in function ``fn`` of ``module``, for ``target``;
+    float arithmetic carries ``float_flags``."""
+
+    float_flags = FAST
 
     def intrinsic(self, name, ret, args):
         fn = self.module.globals.get(name)
@@ -149,6 +196,7 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
         self.mask = None
         self.loops = []             # the variables of the loops around the statement emitted
         self.stream = []            # the candidates for streaming stores (_vector_store)
+        self.ordered = ordered_nodes(stage.body)
         self.stmt(stage.body)
         if self._mark_streaming():  # order the streaming stores before whatever follows the stage
             self.b.call(self.intrinsic(self.target.store_fence, ir.VoidType(), []), [])
@@ -348,7 +396,9 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
             if (self.lanes is not None and type(node) not in _LEAVES
                     and any(isinstance(v.type, ir.VectorType) for v in vals)):
                 vals = [self.splat(v) for v in vals]
+            outer, self.float_flags = self.float_flags, ORDERED if node in self.ordered else FAST
             value = EXPR[type(node)](self, node, vals)
+            self.float_flags = outer
             varies = (isinstance(node, Local) or any(self.varies.get(k, False) for k in kids)
                           or isinstance(node, (BufLoad, GuardedLoad)) and node.buffer in self.written)
             self.varies[node] = varies

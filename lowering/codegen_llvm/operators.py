@@ -10,7 +10,7 @@ from llvmlite import ir
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 
 from ..loop_ir import AlignGap, BufLoad, GuardedLoad, IntPower, LaneReduce, Local
-from .llvm_types import FAST, I1, VALUE_TYPE, element_type, kind_of, mangle, shaped
+from .llvm_types import I1, VALUE_TYPE, element_type, kind_of, mangle, shaped
 
 
 def _float_divmod(fe, a, b):
@@ -69,10 +69,10 @@ def _int_sign(fe, x):
 # the operators of ops.py that are LLVM instructions, by (operator, kind of
 # dtype); the others are math functions (_Emitter.math)
 _INSTRUCTIONS = {
-    ("add", "f"): lambda fe, a, b: fe.b.fadd(a, b, flags=FAST),
-    ("sub", "f"): lambda fe, a, b: fe.b.fsub(a, b, flags=FAST),
-    ("mul", "f"): lambda fe, a, b: fe.b.fmul(a, b, flags=FAST),
-    ("div", "f"): lambda fe, a, b: fe.b.fdiv(a, b, flags=FAST),
+    ("add", "f"): lambda fe, a, b: fe.b.fadd(a, b, flags=fe.float_flags),
+    ("sub", "f"): lambda fe, a, b: fe.b.fsub(a, b, flags=fe.float_flags),
+    ("mul", "f"): lambda fe, a, b: fe.b.fmul(a, b, flags=fe.float_flags),
+    ("div", "f"): lambda fe, a, b: fe.b.fdiv(a, b, flags=fe.float_flags),
     ("floordiv", "f"): lambda fe, a, b: _float_divmod(fe, a, b)[0],
     ("mod", "f"): lambda fe, a, b: _float_divmod(fe, a, b)[1],
     ("add", "i"): lambda fe, a, b: fe.b.add(a, b),
@@ -82,7 +82,7 @@ _INSTRUCTIONS = {
     ("mod", "i"): lambda fe, a, b: _int_divmod(fe, a, b)[1],
     ("max", "i"): _int_minmax("smax"),
     ("min", "i"): _int_minmax("smin"),
-    ("neg", "f"): lambda fe, x: fe.b.fneg(x, flags=FAST),
+    ("neg", "f"): lambda fe, x: fe.b.fneg(x, flags=fe.float_flags),
     ("neg", "i"): lambda fe, x: fe.b.sub(ir.Constant(x.type, 0), x),
     ("abs", "i"): _int_abs,
     ("sign", "i"): _int_sign,
