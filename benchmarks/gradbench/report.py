@@ -150,12 +150,14 @@ def render(data: dict) -> str:
     threads = sorted({e["threads"] for e in data["evaluations"]})
     lines = ["# GradBench: te-autodiff against JAX, PyTorch and hand-written C++", ""]
     lines += [f"Machine: {last['cpu']}; te-autodiff compiles for `{last['target']}`.",
-              f"te-autodiff {last['te_commit']}, GradBench {last['gradbench_commit'][:12]}; "
+              f"te-autodiff {', '.join(dict.fromkeys(r['te_commit'] for r in runs))} (each run's commit below), "
+              f"GradBench {last['gradbench_commit'][:12]}; "
               + ", ".join(f"{k} {v}" for k, v in last["versions"].items()) + ".", ""]
     lines += ["Runs merged into this report (newest last):", ""]
     for r in runs:
         load = f"load average {r['load_start'][0]:.2f} at the start, {r['load_end'][0]:.2f} at the end"
-        lines.append(f"- {r['date']}: `{r['command'].strip()}` ({r['wall_s'] / 60:.0f} min, {load})")
+        lines.append(f"- {r['date']}, te-autodiff {r['te_commit']}: `{r['command'].strip()}` "
+                     f"({r['wall_s'] / 60:.0f} min, {load})")
     notes = sorted({n for r in runs for n in r.get("notes", [])})
     if notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
