@@ -35,6 +35,17 @@ def function(*, pre: Callable[[Any], Any], post: Callable[[Any], Any]):
     return wrap
 
 
+def applied(pre: Callable[[Any], Any], post: Callable[[Any], Any]) -> Function:
+    """A :class:`Function` whose ``pre`` returns ``(kernel, *arrays)`` and
+    whose ``run`` is the kernel applied to the arrays (most evals' functions)."""
+    return Function(pre=pre, run=_apply, post=post)
+
+
+def _apply(prepared):
+    kernel, *arrays = prepared
+    return kernel(*arrays)
+
+
 def scalar(result) -> float:
     """A one-element array (te's scalar outputs have shape (1,)) as a JSON number."""
     return float(result.reshape(-1)[0])

@@ -12,7 +12,7 @@ import numpy as np
 
 import te_autodiff as te
 
-from ..function import function, scalar, vector
+from ..function import applied, scalar, vector
 
 
 def logsumexp(x: te.Tensor) -> te.Tensor:
@@ -43,13 +43,5 @@ def _prepare(which):
     return pre
 
 
-@function(pre=_prepare(0), post=scalar)
-def primal(prepared):
-    kernel, x = prepared
-    return kernel(x)
-
-
-@function(pre=_prepare(1), post=vector)
-def gradient(prepared):
-    kernel, x = prepared
-    return kernel(x)
+primal = applied(_prepare(0), scalar)
+gradient = applied(_prepare(1), vector)

@@ -16,7 +16,7 @@ import numpy as np
 
 import te_autodiff as te
 
-from ..function import function, vector
+from ..function import applied, vector
 
 
 def solve(x: te.Tensor, s: int) -> te.Tensor:
@@ -59,13 +59,5 @@ def _prepare(which):
     return pre
 
 
-@function(pre=_prepare(0), post=vector)
-def primal(prepared):
-    kernel, x = prepared
-    return kernel(x)
-
-
-@function(pre=_prepare(1), post=vector)
-def gradient(prepared):
-    kernel, x = prepared
-    return kernel(x)
+primal = applied(_prepare(0), vector)
+gradient = applied(_prepare(1), vector)
