@@ -317,7 +317,11 @@ def solve_data_equalities(axes, doms, body, conds, outer=()):
     """Rewrite ``Σ_{axes in doms} [all(conds)] · body``, used where ``outer``
     holds, so that no equality in ``conds`` that reads tensor data is tested
     at every point of the sum (see the module doc).  Returns the new
-    ``(axes, doms, body, conds)``."""
+    ``(axes, doms, body, conds)``.  A zero summand is a zero sum: no key
+    is built for it, and none of its conditions (whose data reads only the
+    sum's own guards kept in range) is tested."""
+    if isinstance(body, Const) and body.value == 0:
+        return [], [], body, []
     s = _Sum(axes, doms, body, conds, outer)
     while s.point() or s.invert():
         pass

@@ -38,6 +38,15 @@ TARGETED_SEED, FORMS, LARGE = 17, 80, 100
 # the fuzzer's report names; the run must not fail on any other
 KNOWN = {}
 F64 = "float64"
+# programs that failed in an exploration, on a library bug since fixed (each
+# also a reduced regression test where the fix is): they stay fixed
+FOUND = (71000187, 71002195, 71003427, 72000615, 72000919, 72001077, 72001389, 72002020, 73019841)
+
+
+def test_programs_explorations_found_stay_fixed():
+    summary = run(list(FOUND), jobs=2, batch=-(-len(FOUND) // 2), timeout=300)
+    assert summary.count == len(FOUND)
+    assert not summary.failures, "\n".join(summary.report(r) for r in summary.failures[:3])
 
 
 def test_random_programs_agree_with_torch():
