@@ -16,6 +16,7 @@ torch.distributed averages the gradients.  Needs torch and scikit-learn
 """
 import argparse
 import datetime
+import gc
 import itertools
 
 import torch
@@ -201,8 +202,13 @@ def main(argv=None):
         rank, world = dist.get_rank(), dist.get_world_size()
         x_train, y_train, x_test, y_test = load_data(dtype)
         model = TeNet(dtype)
-        losses = fit(DistributedDataParallel(model), x_train, y_train, args.batch, args.epochs, args.steps,
-                     rank, world)
+        ddp = DistributedDataParallel(model)
+        losses = fit(ddp, x_train, y_train, args.batch, args.epochs, args.steps, rank, world)
+        # DDP's reducer holds gloo work and threads in reference cycles: freed
+        # at interpreter exit, after the group is gone, a thread left joinable
+        # aborts the process ("terminate called without an active exception")
+        del ddp
+        gc.collect()
         if rank == 0:
             print(f"{world} processes, {len(losses)} steps of {args.batch} images: "
                   f"last loss {losses[-1]:.4f}, test accuracy {accuracy(model, x_test, y_test):.2%}")
