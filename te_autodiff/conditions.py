@@ -26,6 +26,7 @@ import weakref
 
 from . import dtype as dt
 from .expr import BinOp, Cmp, Const, Logic, Unary
+from .visit import conjuncts
 
 _NEGATE = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 _MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
@@ -41,7 +42,7 @@ def contradict(c, d) -> bool:
     """Whether the conditions ``c`` and ``d`` (each a conjunction, or a
     single condition) cannot both hold: a conjunct of one contradicts a
     conjunct of the other."""
-    cs, ds = _conjuncts(c), _conjuncts(d)
+    cs, ds = conjuncts([c]), conjuncts([d])
     if len(cs) * len(ds) > 4096:        # not worth it: contradictions come from short guards
         return False
     keyed = {}
@@ -59,17 +60,6 @@ def contradict(c, d) -> bool:
         if form is not None and any(_disjoint(s, form[1]) for s in keyed.get(form[0], ())):
             return True
     return False
-
-
-def _conjuncts(c) -> list:
-    out, stack = [], [c]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Logic) and x.op == "and":
-            stack += [x.b, x.a]
-        else:
-            out.append(x)
-    return out
 
 
 def _form(c):
