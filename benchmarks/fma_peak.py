@@ -30,8 +30,9 @@ import threading
 import time
 from functools import lru_cache
 
-import llvmlite.binding as llvm
 from llvmlite import ir
+
+from lowering.throughput import Jitted, lanes_summed
 
 UNROLL = 4                     # rounds over the accumulators per loop iteration
 CALL_SECONDS = 2e-3            # one timed call: shorter than a scheduler slice on a shared machine
@@ -71,13 +72,7 @@ def _module(lanes: int, accumulators: int, double: bool) -> ir.Module:
         phi.add_incoming(start, entry)
         phi.add_incoming(value, loop)
     bld = ir.IRBuilder(done)
-    total = values[0]
-    for v in values[1:]:
-        total = bld.fadd(total, v)
-    lanes_sum = bld.extract_element(total, ir.Constant(i32, 0))
-    for k in range(1, lanes):
-        lanes_sum = bld.fadd(lanes_sum, bld.extract_element(total, ir.Constant(i32, k)))
-    bld.ret(lanes_sum)
+    bld.ret(lanes_summed(bld, values, lanes))
     return mod
 
 
@@ -86,21 +81,13 @@ class FmaLoop:
     and ``run(iterations)`` (the call releases the GIL)."""
 
     def __init__(self, target, double: bool):
-        from lowering.target import data_layout, initialise_llvm, target_machine
-
-        initialise_llvm()
         self.target, self.double = target, double
         self.lanes = target.lanes(8 if double else 4)
         self.accumulators = max(1, target.vector_registers - 2)
-        mod = _module(self.lanes, self.accumulators, double)
-        mod.triple, mod.data_layout = target.triple, data_layout(target)
-        parsed = llvm.parse_assembly(str(mod))
-        parsed.verify()
-        self._engine = llvm.create_mcjit_compiler(parsed, target_machine(target))
-        self._engine.finalize_object()
-        self.asm = target_machine(target).emit_assembly(parsed)
         real = ctypes.c_double if double else ctypes.c_float
-        self._fn = ctypes.CFUNCTYPE(real, ctypes.c_int64, real, real)(self._engine.get_function_address("fma_loop"))
+        self._jitted = Jitted(_module(self.lanes, self.accumulators, double), target, "fma_loop",
+                              ctypes.CFUNCTYPE(real, ctypes.c_int64, real, real))
+        self.asm, self._fn = self._jitted.asm, self._jitted.fn
         self.flops_per_iteration = 2 * self.lanes * self.accumulators * UNROLL
 
     def run(self, iterations: int) -> float:

@@ -17,23 +17,14 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-import time
 
 import numpy as np
+
+from lowering.throughput import best_seconds
 
 from .fma_peak import fma_loop, fma_peak_gflops
 
 BLAS_SIZES = (1024, 2048)          # OpenBLAS and MKL reach their peak between these on current cores
-
-
-def _best(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _threaded(fn_chunk, chunks: int):
@@ -63,7 +54,7 @@ def _gemm_gflops(matmul, dtype, reps: int, sizes) -> tuple:
     for n in sizes:
         a, b = rng.random((n, n)).astype(dtype), rng.random((n, n)).astype(dtype)
         c = np.empty((n, n), dtype)
-        best = max(best, (2 * n ** 3 / _best(lambda: matmul(a, b, c), reps) / 1e9, n))
+        best = max(best, (2 * n ** 3 / best_seconds(lambda: matmul(a, b, c), reps) / 1e9, n))
     return best
 
 
@@ -92,22 +83,22 @@ def _copy(quick: bool, threads: int) -> dict:
     n = 1 << (24 if quick else 25)                      # float32: 64 MB (quick) or 128 MB per array
     src, dst = rng.random(n, np.float32), np.empty(n, np.float32)
     b, c = rng.random(n, np.float32), rng.random(n, np.float32)
-    copy1 = 2 * 4 * n / _best(lambda: np.copyto(dst, src), reps) / 1e9
+    copy1 = 2 * 4 * n / best_seconds(lambda: np.copyto(dst, src), reps) / 1e9
     parts = max(1, threads)
     edges = np.linspace(0, n, parts + 1).astype(np.int64)
-    copy_t = 2 * 4 * n / _best(_threaded(lambda k: np.copyto(dst[edges[k]:edges[k + 1]], src[edges[k]:edges[k + 1]]),
+    copy_t = 2 * 4 * n / best_seconds(_threaded(lambda k: np.copyto(dst[edges[k]:edges[k + 1]], src[edges[k]:edges[k + 1]]),
                                          parts), reps) / 1e9
 
     def triad(k):                                       # a = b + 3 c, in two numpy passes over a chunk
         s = slice(edges[k], edges[k + 1])
         np.multiply(c[s], np.float32(3), out=dst[s])
         np.add(dst[s], b[s], out=dst[s])
-    triad_t = 3 * 4 * n / _best(_threaded(triad, parts), reps) / 1e9
+    triad_t = 3 * 4 * n / best_seconds(_threaded(triad, parts), reps) / 1e9
     m = 1 << 20                                         # 4 MB arrays: the size of the kernels' vectors
     src_s, dst_s = src[:m].copy(), dst[:m].copy()
     es = np.linspace(0, m, parts + 1).astype(np.int64)
-    copy_small = max(2 * 4 * m / _best(lambda: np.copyto(dst_s, src_s), 5 * reps) / 1e9,
-                     2 * 4 * m / _best(_threaded(lambda k: np.copyto(dst_s[es[k]:es[k + 1]], src_s[es[k]:es[k + 1]]),
+    copy_small = max(2 * 4 * m / best_seconds(lambda: np.copyto(dst_s, src_s), 5 * reps) / 1e9,
+                     2 * 4 * m / best_seconds(_threaded(lambda k: np.copyto(dst_s[es[k]:es[k + 1]], src_s[es[k]:es[k + 1]]),
                                                  parts), 5 * reps) / 1e9)
     return dict(copy_4mb_gbs=copy_small, copy_1thread_gbs=copy1, copy_gbs=max(copy1, copy_t),
                 copy_threads_gbs=copy_t, triad_gbs=triad_t, bandwidth_gbs=max(copy1, copy_t), array_mb=4 * n / 2 ** 20)

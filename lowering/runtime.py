@@ -34,9 +34,10 @@ still runs, and raises, for arguments it does not accept).
 
 A stage inside a scan's time loop forks and joins at every step, and on a
 busy machine every one of those waits for a descheduled thread: it is split
-when one step of it is long (``STEP_PARALLEL_US``), and a shorter step
-(down to ``STEP_MEASURED_US``) only while the kernel's own calls show that
-splitting it pays (:class:`_StepSplit`: split steps make the LSTM
+when one step of it is long (``STEP_PARALLEL_US``), and a shorter one
+(while the step, all of its stages together, takes ``STEP_MEASURED_US`` or
+more: stages split alike find their data in their own core's cache) only
+while the kernel's own calls show that splitting it pays (:class:`_StepSplit`: split steps make the LSTM
 benchmark kernel faster on an idle machine and slower when another process
 takes a core).  Without libgomp, the stages of a time loop run on one
 thread (``run_stages`` loops over them in one native call).
@@ -72,18 +73,20 @@ from .loop_ir import (Block, BufLoad, Const, For, GuardedLoad, If, IntPower, Pro
                       stmt_exprs)
 from . import llvm_process
 from .native_call import Descriptor
+from .throughput import LOAD, OP, PER_UNIT, TRANSCENDENTAL
 from .target import (Target, data_layout, default_threads, initialise_llvm, target_machine,
                      thread_count)
 
 CACHE_SIZE = 256                 # compiled programs kept for reuse
-PARALLEL_WORK = 1 << 18          # estimated work (_work: a vector operation counts once)
+PARALLEL_WORK = 1 << 18          # estimated work (_work: an operation on a native vector counts once)
                                  # below which a stage runs on one thread (a Python pool's split is costly)
 PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs far less)
-SERIAL_KERNEL_US = 64            # kernels estimated (_estimate_us) to take less than this on one
+SERIAL_KERNEL_US = 100           # kernels estimated (_estimate_us) to take less than this on one
                                  # thread run on one thread
 STEP_PARALLEL_US = 200           # a stage of a scan's time loop estimated to take at least this per
                                  # step on one thread is split across threads;
-STEP_MEASURED_US = 5             # one of at least this, while _StepSplit measures that it pays
+STEP_MEASURED_US = 5             # one whose step (every stage of it) takes at least this, while
+                                 # _StepSplit measures that it pays
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p)
@@ -229,7 +232,7 @@ def compile_program(program: Program, target: Target) -> Compiled:
                 builder.export_symbol(symbol)
             library = builder.link(_jit(target), f"{program.name}_{next(_libraries)}")
             stages = [_STAGE_FN(library[symbol]) for symbol in symbols[:-1]]
-            compiled = Compiled(library, stages, list(parts), target, _stage_costs(program, groups),
+            compiled = Compiled(library, stages, list(parts), target, _stage_costs(program, groups, target),
                                 _RUN_FN(library[RUN_STAGES]), openmp)
         _cache[key] = compiled
         if len(_cache) > CACHE_SIZE:        # kernels keep their own library loaded
@@ -271,24 +274,47 @@ def _thread_pool():
 
 
 _WORK = {
-    For: lambda s: max(s.extent.value if isinstance(s.extent, Const) else 16, 0) * _work(s.body),
-    Simd: lambda s: _work(s.body),       # one vector operation does all the lanes
-    Block: lambda s: max(1, sum(_work(x) for x in s.stmts)),
-    If: lambda s: max(_work(s.then), 0 if s.else_ is None else _work(s.else_)),
+    For: lambda s, t: max(s.extent.value if isinstance(s.extent, Const) else 16, 0) * _work(s.body, t),
+    Simd: lambda s, t: _native_vectors(s, t) * _work(s.body, t),
+    Block: lambda s, t: max(1, sum(_work(x, t) for x in s.stmts)),
+    If: lambda s, t: max(_work(s.then, t), 0 if s.else_ is None else _work(s.else_, t)),
 }
 
 
-def _work(stmt) -> int:
-    """Estimated cost of a statement: innermost iterations (unknown extents
-    count 16) times :func:`_ops` of each statement."""
+def _work(stmt, target: Target) -> int:
+    """Estimated cost of a statement on ``target``: innermost iterations
+    (unknown extents count 16) times :func:`_ops` of each statement, a vector
+    loop's operations once per native vector its lanes fill."""
     rule = _WORK.get(type(stmt))
-    return _ops(stmt) if rule is None else rule(stmt)
+    return _ops(stmt) if rule is None else rule(stmt, target)
+
+
+def _native_vectors(simd: Simd, target: Target) -> int:
+    """Native vectors of ``target`` one operation on ``simd``'s lanes of its
+    widest float value takes (a float64 vector of 32 lanes is four AVX-512
+    ones); only float operations count as work (:func:`_ops`)."""
+    widest, stack = 4, [simd.body]
+    while stack:
+        st = stack.pop()
+        if isinstance(st, (For, Simd)):
+            stack.append(st.body)
+        elif isinstance(st, Block):
+            stack += st.stmts
+        elif isinstance(st, If):
+            stack += [st.then] + ([] if st.else_ is None else [st.else_])
+        else:
+            exprs = list(stmt_exprs(st))
+            while exprs:
+                e = exprs.pop()
+                if e.dtype.startswith("float"):
+                    widest = max(widest, np.dtype(e.dtype).itemsize)
+                exprs += children(e)
+    return max(1, -(-simd.lanes * widest // target.vector_bytes))
 
 
 def _ops(stmt) -> int:
-    """A quarter of the float operations of one statement (index arithmetic is
-    free, a load counts 4, a transcendental function 64, an integer power 3
-    per bit of its exponent)."""
+    """The work units of one statement (``throughput.py``'s weights; index
+    arithmetic is free, an integer power is 3 operations per bit of its exponent)."""
     seen, stack, total = set(), list(stmt_exprs(stmt)), 0
     while stack:
         e = stack.pop()
@@ -296,11 +322,12 @@ def _ops(stmt) -> int:
             continue
         seen.add(id(e))
         if isinstance(e, IntPower):                 # a square, a product and a select per bit
-            total += 3 * e.bits
+            total += 3 * OP * e.bits
         elif e.dtype.startswith("float"):
-            total += 64 if is_transcendental(getattr(e, "op", None)) else 4 if hasattr(e, "buffer") else 1
+            total += (TRANSCENDENTAL if is_transcendental(getattr(e, "op", None))
+                      else LOAD if hasattr(e, "buffer") else OP)
         stack += children(e)
-    return max(1, total // 4)
+    return max(1, total // PER_UNIT)
 
 
 def _chunks(extent: int, parts: int, align: int) -> list:
@@ -318,7 +345,7 @@ class _StagePlan:
     measured: bool = False   # a short step of a time loop: split when _StepSplit says it pays
 
 
-def _stage_costs(program: Program, groups: list) -> list:
+def _stage_costs(program: Program, groups: list, target: Target) -> list:
     """``(work, bytes)`` of each stage: its :func:`_work` (counted once per
     template: ``codegen_llvm.stage_groups``) and the bytes of the buffers it
     touches; for a step of a time loop, no more than its loads and stores
@@ -327,7 +354,7 @@ def _stage_costs(program: Program, groups: list) -> list:
     number = {id(st): n for n, st in enumerate(program.stages)}
     out = [None] * len(program.stages)
     for template, members in groups:
-        work = _work(template.body)
+        work = _work(template.body, target)
         moved = _moved(template.body) if any(m.stage.step is not None for m in members) else None
         for member in members:
             nbytes = sum(buf.nbytes for buf, _ in member.slots)
@@ -376,6 +403,10 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
     estimate = [_estimate_us(*cost, compiled.target) for cost in compiled.costs]
     steps = [st.step.extent if st.step else 1 for st in program.stages]
     small = sum(e * n for e, n in zip(estimate, steps)) < SERIAL_KERNEL_US
+    step_us = {}                            # a time loop's step: all of its stages
+    for stage, us in zip(program.stages, estimate):
+        if stage.step is not None:
+            step_us[id(stage.step)] = step_us.get(id(stage.step), 0.0) + us
     threshold = PARALLEL_WORK_OPENMP if compiled.openmp else PARALLEL_WORK
     plans = []
     for stage, fn, w, us in zip(program.stages, compiled.stages, work, estimate):
@@ -385,7 +416,7 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
         split = not small and parallel and extent > 1 and w >= threshold
         measured = False
         if stage.step is not None:          # a fork and a join at every step: only for long steps
-            measured = split and STEP_MEASURED_US <= us < STEP_PARALLEL_US
+            measured = split and step_us[id(stage.step)] >= STEP_MEASURED_US and us < STEP_PARALLEL_US
             split = split and us >= STEP_PARALLEL_US
         plans.append(_StagePlan(fn, extent, split, chunk_align(stage), measured))
     return plans

@@ -21,7 +21,7 @@ import ctypes.util
 import os
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import llvmlite.binding as llvm
 
@@ -82,9 +82,6 @@ L1_WAY_BYTES = {"x86_64": 4 * KIB, "aarch64": 16 * KIB}
 # does not mention (one it reports off stays off)
 ARCH_BASELINE = {"x86_64": _X86_V1, "aarch64": _ARM_V8}
 SHUFFLE_CHUNK_BYTES = {"x86_64": 16, "aarch64": 16}   # see Target.shuffle_chunk_bytes
-# One core's throughput, for the runtime's estimate of a stage's time (Target.work_per_ns,
-# Target.l2_bytes_per_ns): one figure for every CPU of the table (see Target)
-WORK_PER_NS, L2_BYTES_PER_NS = 12.0, 60.0
 
 
 @dataclass(frozen=True)
@@ -98,15 +95,10 @@ class Target:
     a stride of ``l1_bytes / l1_ways`` puts in one set before they evict
     each other);
     ``threads``: :func:`default_threads` when the target was described;
-    ``work_per_ns`` and ``l2_bytes_per_ns``: what one core does per
-    nanosecond, in ``runtime._work``'s units (a register-tiled loop's
-    vector operations) and in bytes of the buffers a stage touches, read
-    through L2.  ``runtime._estimate_us`` turns a stage's work and bytes
-    into time with them, only to compare it with thresholds that decide
-    between one thread and all of them, where a factor of two in the
-    estimate changes nothing: so the same rough figures
-    (:data:`WORK_PER_NS`, :data:`L2_BYTES_PER_NS`) describe every CPU of
-    the table, and a CPU far from them can be given its own."""
+    ``work_per_ns`` and ``l2_bytes_per_ns``: what one core of this machine
+    does per nanosecond running the target's code, in ``runtime._work``'s
+    units and in bytes read through L2, measured once per machine
+    (``throughput.py``) when first asked for."""
 
     name: str
     triple: str
@@ -121,10 +113,18 @@ class Target:
     l2_bytes: int
     l1_ways: int
     threads: int
-    work_per_ns: float = WORK_PER_NS
-    l2_bytes_per_ns: float = L2_BYTES_PER_NS
     llvm_features: str = field(default="", compare=False, repr=False)   # as handed to LLVM
     host: bool = field(default=False, compare=False)
+
+    @cached_property
+    def work_per_ns(self) -> float:
+        from .throughput import measured
+        return measured(self)[0]
+
+    @cached_property
+    def l2_bytes_per_ns(self) -> float:
+        from .throughput import measured
+        return measured(self)[1]
 
     @property
     def llvm_spec(self) -> tuple:

@@ -469,6 +469,24 @@ def test_small_kernels_run_on_one_thread_and_large_ones_split():
     assert any(plan.splittable for plan in large._stages)
 
 
+@pytest.mark.parametrize("name", ["x86-64-v2", "haswell", "x86-64-v4"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_vector_loop_is_one_operation_per_native_vector(name, dtype):
+    """The runtime's work estimate counts a vector loop's operations once
+    per native vector of the target its float lanes fill (int64 index
+    arithmetic is free and does not widen a float32 loop)."""
+    target = te.target(name)
+    x = te.placeholder((4096,), dtype, "x")
+    kernel = te.build([x], [te.compute((4096,), lambda i: te.exp(x[i]), name="y")], target=target)
+    simds = [s for st in kernel.program.stages for s in walk(st.body) if isinstance(s, Simd)]
+    assert simds
+    itemsize = np.dtype(dtype).itemsize
+    for simd in simds:
+        assert runtime._native_vectors(simd, target) == max(1, -(-simd.lanes * itemsize // target.vector_bytes))
+    loop = simds[0]
+    assert runtime._work(loop, target) == runtime._native_vectors(loop, target) * runtime._work(loop.body, target)
+
+
 def test_data_address_of_writable_read_only_and_empty_arrays():
     a = np.arange(12.0)
     frozen = a[2:]

@@ -13,6 +13,7 @@ never assumed: the same tests hold on an AVX-512 or an AArch64 machine.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -592,3 +593,61 @@ def test_one_thread_count_for_the_schedule_the_runtime_and_the_compilers():
         out = subprocess.run([sys.executable, "-c", code, n], env=dict(os.environ, TE_NUM_THREADS=n),
                              capture_output=True, text=True, timeout=120)
         assert out.stdout.split() == [n, n, n, "True"], out
+
+
+@pytest.fixture
+def fresh_throughput(tmp_path, monkeypatch):
+    """The throughput cache in a scratch directory, nothing kept in the process."""
+    from lowering import throughput
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(throughput, "_kept", {})
+    return throughput, tmp_path / "te-autodiff" / throughput.CACHE_FILE
+
+
+def test_throughput_is_measured_once_and_kept_in_the_cache_file(fresh_throughput, monkeypatch):
+    """The first ask measures (finite, positive figures, quickly) and writes
+    the file; a new process (nothing kept) reads it instead of measuring."""
+    throughput, path = fresh_throughput
+    t = time.perf_counter()
+    work, l2 = throughput.measured(te.target())
+    assert time.perf_counter() - t < 2.0
+    assert 0 < work < float("inf") and 0 < l2 < float("inf")
+    assert list(json.loads(path.read_text()).values()) == [[work, l2]]
+
+    def no_measuring(target):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(throughput, "_kept", {})
+    monkeypatch.setattr(throughput, "_work_per_ns", no_measuring)
+    assert throughput.measured(te.target()) == (work, l2)
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"%s": [0, 5]}', '{"%s": ["a", 1]}'])
+def test_a_damaged_throughput_file_is_measured_again(fresh_throughput, content):
+    throughput, path = fresh_throughput
+    path.parent.mkdir(parents=True)
+    path.write_text(content.replace("%s", throughput._key(te.target())[1]))
+    work, l2 = throughput.measured(te.target())
+    assert work > 0 and l2 > 0
+    assert [work, l2] in json.loads(path.read_text()).values()
+
+
+def test_an_unwritable_cache_keeps_the_figures_in_the_process(fresh_throughput, monkeypatch):
+    throughput, path = fresh_throughput
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.write_text("a file where the directory should be")
+    figures = throughput.measured(te.target())
+    assert all(x > 0 for x in figures)
+    assert throughput.measured(te.target()) is figures
+
+
+def test_targets_read_their_throughput_from_the_measurement(fresh_throughput):
+    """``Target.work_per_ns`` / ``l2_bytes_per_ns`` are the measured figures;
+    a target this machine cannot run has the host's (its estimate serves no
+    kernel here), one it can run is measured at its own vector width."""
+    throughput, _ = fresh_throughput
+    host = dataclasses.replace(te.target("host"))        # nothing read yet
+    assert (host.work_per_ns, host.l2_bytes_per_ns) == throughput.measured(host)
+    foreign = te.target("x86-64-v2" if host_arch() == "aarch64" else ARM)
+    assert foreign.missing_on_host() is not None
+    assert throughput.measured(foreign) == throughput.measured(host)
