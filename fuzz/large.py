@@ -29,15 +29,13 @@ Templates, with ``T`` the thresholds:
   (``reduce_lanes``), ``T.align_min_vectors * T.lanes`` (``align``) or
   ``8 * T.sum_run * T.lanes`` (``sum_run``) points, sometimes with a loop
   over rows inside;
-* ``gemm`` (register_tile, panels, packing, k_blocks, row_blocks, dot_tiles): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
+* ``gemm`` (register_tile, panels, packing, k_blocks, row_blocks): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
   min), either operand sometimes transposed, with ``k`` about
   ``T.gemm_min_trips`` (``gemm_trips``) or ``T.k_block_min``
   (``k_block``), ``i`` about
   ``T.tile_rows`` (``tile_rows``), ``B`` about ``T.panel_elements``
   (``panel``), ``i`` about ``T.pack_min_reuse`` with ``B[j, k]``
-  (``pack_reuse``), ``A`` about ``T.row_block_elements`` (``row_block``),
-  ``B[j, k]`` about ``T.pack_max_elements`` (``dot_tiles``; 2 rows or
-  ``T.dot_tile + 1``);
+  (``pack_reuse``), ``A`` about ``T.row_block_elements`` (``row_block``);
 * ``transpose`` (gather_blocks, vector_width): ``Y[i, j]`` of ``X[j, i]``, ``i`` about
   ``T.gather_block // 2`` (``gather_half``) or ``T.gather_block``
   (``gather_block``); ``j`` about ``T.l1_lines`` over ``2 *
@@ -72,7 +70,7 @@ TEMPLATES = {"split": 3, "vector": 2, "lane_reduction": 3, "gemm": 4, "transpose
              "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5}
 # the thresholds straddled (large:<name>:below|at|above), by template; the split's sides are its own
 STRADDLED = {"vector": ("vector", "tile_width"), "lane_reduction": ("reduce_lanes", "align", "sum_run"),
-             "gemm": ("gemm_trips", "k_block", "tile_rows", "panel", "pack_reuse", "row_block", "dot_tiles"),
+             "gemm": ("gemm_trips", "k_block", "tile_rows", "panel", "pack_reuse", "row_block"),
              "transpose": ("gather_half", "gather_block", "transpose_blocks", "align_blocks", "l1_ways"),
              "residues": ("residues",), "stencil": ("interior", "interior_ends"), "root": ("min_root", "weighed_root"),
              "chains": ("chains1", "chains2"), "row_peel": ("row_peel",)}
@@ -206,7 +204,7 @@ class Large:
 
     def large_gemm(self, T) -> Compute:
         which = self.pick(list(STRADDLED["gemm"]),
-                          [3, 3, 3, 2, 2, 1, 1])
+                          [3, 3, 3, 2, 2, 1])
         i, j, k = T.tile_rows + 1, T.tile_vectors * T.lanes + 1, T.gemm_min_trips + 1
         a_t, b_t = self.chance(0.3), self.chance(0.3)           # A[k, i], B[j, k]
         if which == "gemm_trips":
@@ -220,12 +218,9 @@ class Large:
             k = self.straddle(which, T.panel_elements // j)
         elif which == "pack_reuse":
             b_t, i = True, self.straddle(which, T.pack_min_reuse)
-        elif which == "row_block":
+        else:
             k, a_t = T.k_block, False
             i = self.straddle(which, T.row_block_elements // k)
-        else:                                                   # rows: a remainder tile, or whole tiles and one
-            b_t, i, j = True, int(self.pick([2, T.dot_tile + 1])), T.tile_vectors * T.lanes * 64
-            k = self.straddle(which, T.pack_max_elements // j)
         op = self.pick(["sum", "max", "min"], [4, 1, 1])
 
         def product(scope, r):

@@ -28,11 +28,9 @@ class Thresholds:
     align_min_vectors: int      # vectors of a reduction in lanes from which it starts on lines (aligned_grid)
     sum_run: int                # vectors a lane adds before its running total, from 8 runs (lane_reduction)
     pack_min_reuse: int         # re-reads of an operand worth a packed copy (packing, panels)
-    pack_max_elements: int      # larger transposed operands get dot-product tiles (vector_axis)
     gemm_min_trips: int         # reduction length worth a register tile (register_tile)
     tile_rows: int              # rows of a register tile (register_tile, row_peeling)
     tile_vectors: int           # vectors of a register tile's row (register_tile)
-    dot_tile: int               # rows and columns of a dot-product tile (dot_tiles)
     math_chains: int            # vectors a step of a body of chained math functions takes (vector_width)
     panel_elements: int         # operands at least this large are read from panels (panels)
     k_block: int                # reduction steps per K block (k_blocks) ...
@@ -62,15 +60,14 @@ def thresholds() -> Thresholds:
     from lowering.schedule.register_tile import GEMM_MIN_TRIPS
     from lowering.schedule.residue_classes import MAX_RESIDUES
     from lowering.schedule.split_reduction import SPLIT_MIN_WORK, SPLIT_PARTS
-    from lowering.schedule.vector_axis import PACK_MAX_BYTES
     target = te.target()
     bl = blocking(target)
     return Thresholds(
         lanes=bl.lanes(ITEMSIZE), line=target.alignment // ITEMSIZE, max_residues=MAX_RESIDUES,
         split_min_work=SPLIT_MIN_WORK, split_parts=tuple(SPLIT_PARTS), align_min_vectors=ALIGN_MIN_VECTORS,
-        sum_run=SUM_RUN, pack_min_reuse=PACK_MIN_REUSE, pack_max_elements=PACK_MAX_BYTES // ITEMSIZE,
+        sum_run=SUM_RUN, pack_min_reuse=PACK_MIN_REUSE,
         gemm_min_trips=GEMM_MIN_TRIPS, tile_rows=bl.tile_rows, tile_vectors=TILE_VECTORS,
-        dot_tile=bl.dot_tile, math_chains=bl.math_chains,
+        math_chains=bl.math_chains,
         panel_elements=bl.panel_min_bytes // ITEMSIZE, k_block=bl.k_block, k_block_min=bl.k_block_min,
         row_block_elements=bl.row_block_bytes // ITEMSIZE, gather_block=GATHER_BLOCK,
         transpose_blocks=TRANSPOSE_BLOCKS, l1_lines=target.l1_bytes // target.cache_line,

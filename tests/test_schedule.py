@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import te_autodiff as te
 from lowering import runtime
 from lowering.codegen_llvm import stream_min_bytes
-from lowering.loop_ir import For, If, Simd, expr_text, stmt_text, walk
+from lowering.loop_ir import For, If, Simd, expr_text, loads_in, stmt_exprs, stmt_text, walk
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
@@ -458,6 +458,23 @@ def test_results_are_bit_identical_for_any_thread_count(rng, threads):
             np.testing.assert_array_equal(a, b)
     for got, want in zip(runs[0], unscheduled(inputs, outputs, arrays)):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("m, k", [(64, 96), (2048, 2048), (64, 1 << 20)])
+def test_a_transposed_product_copies_an_operand_at_every_size(m, k):
+    """``A @ B.T`` (both read along ``k``) copies one operand into a
+    temporary the product reads along its vector lanes, whatever the sizes
+    (``B`` is 16 MB at 2048 x 2048, 256 MB at 64 x 2**20: reading both in
+    place along ``k`` was up to 2.5 times as slow).  Built, not run: the
+    schedule depends on the shapes alone."""
+    A, B, C = matmul(64, k, m, transposed=True)
+    program = te.build([A, B], [C]).program
+    copies = {st.buffer.name for st in program.stages if st.name.split(".")[0] in ("A", "B")}
+    assert copies and all(program_buffer.kind == "temp" for program_buffer in program.buffers
+                          if program_buffer.name in copies)
+    products = [st for st in program.stages if st.name.split(".")[0] == "C"]
+    read = {load.buffer.name for st in products for s in walk(st.body) for load in loads_in(stmt_exprs(s), set())}
+    assert read & copies and len(read & {"A", "B"}) <= 1
 
 
 def test_small_kernels_run_on_one_thread_and_large_ones_split():

@@ -33,7 +33,7 @@ from dataclasses import replace
 from .. import share
 from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
-from . import (dot_tiles, gather_blocks, interior_split, k_blocks, lane_reduction, offset_loops, packing, panels,
+from . import (gather_blocks, interior_split, k_blocks, lane_reduction, offset_loops, packing, panels,
                parallel_root, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction,
                templates, tile_loops, tile_plan, vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
@@ -75,10 +75,6 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking) -> list:
         return [stage]
     if axis.j is None:
         return lane_reduction.build(nest, stage, bl)
-    dot = dot_tiles.decide(nest, axis)
-    body = None if dot is None else dot_tiles.build(nest, dot, bl)
-    if body is not None:
-        return [Stage(stage.name, stage.buffer, body)]
     nest = selects.build(nest, axis.j)
     plan = tile_plan.start(nest, axis, stage.buffer, bl)  # the tile rules: each adds to one plan
     plan = register_tile.decide(plan, nest, bl)

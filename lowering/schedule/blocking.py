@@ -27,8 +27,6 @@ class Blocking:
       plus the ``TILE_VECTORS`` vector loads and one broadcast of a
       reduction step fill the register file (16 registers: 6 x 2, BLIS's
       haswell 6x16; 32 registers: 8 x 2, capped by ``MAX_TILE_ROWS``);
-    * ``dot_tile``: the largest ``t`` with ``t*t`` accumulators and ``2t``
-      operand vectors in the registers (4 with 32, 3 with 16);
     * ``k_block``: reduction steps per block, the largest power of two whose
       packed ``k_block x TILE_VECTORS`` vector slice fills at most two thirds
       of L1 (the rest holds a row tile's operands and the output tile);
@@ -46,7 +44,6 @@ class Blocking:
 
     target: Target
     tile_rows: int
-    dot_tile: int
     k_block: int
     panel_min_bytes: int
     row_block_bytes: int
@@ -64,7 +61,6 @@ def blocking(target: Target) -> Blocking:
     """The :class:`Blocking` of ``target`` (see there for each derivation)."""
     regs = target.vector_registers
     rows = min(MAX_TILE_ROWS, (regs - TILE_VECTORS - 1) // TILE_VECTORS)
-    dot = max(t for t in range(1, 9) if t * t + 2 * t <= regs)
     k_block = pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
-    return Blocking(target, rows, dot, k_block, 1 << (target.l1_bytes - 1).bit_length(),
+    return Blocking(target, rows, k_block, 1 << (target.l1_bytes - 1).bit_length(),
                     pow2_floor(target.l2_bytes // 2), max(1, regs // CHAIN_REGISTERS))

@@ -1,5 +1,5 @@
 """Unroll and jam: an element body repeated over the positions of a tile
-(register tiles, dot-product tiles), sharing its loops and tests."""
+(register tiles), sharing its loops and tests."""
 from __future__ import annotations
 
 from ..loop_ir import Alloc, Assign, Block, For, If, Local, free_leaves, rename, stmt_exprs, walk

@@ -5,8 +5,7 @@ the same for every run and thread count).  The build of the vector axis
 rule when each element's reduction wins the lanes (:func:`build`: a row
 reduction such as a softmax denominator, a stage storing one element; a
 reduction shorter than a vector takes half a vector or more); the split
-reduction's parts (``split_reduction.py``) and dot-product tiles
-(``dot_tiles.py``) run theirs so too.
+reduction's parts (``split_reduction.py``) run theirs so too.
 
 With loops over rows inside the lanes' loop, its vectors start where the
 lines of the input read along it start, found at run time
@@ -67,7 +66,7 @@ def _accumulators(stmts, k: int, inner):
     return tuple(accs)
 
 
-def _lane_plan(body: Block, bl: Blocking, min_trips: int):
+def _lane_plan(body: Block, bl: Blocking):
     """The :class:`_LanePlan` of the first reduction loop nest of ``body``:
     the lanes run over the loop along which the reads are most contiguous,
     the loop along which the remaining gathers move least is innermost.
@@ -83,7 +82,7 @@ def _lane_plan(body: Block, bl: Blocking, min_trips: int):
         costs = {lp.var: vector_cost(accesses, lp.var, native, lp.extent.value) for lp in loops}
         loop = min(reversed(loops), key=lambda lp: costs[lp.var])
         lanes = min(native, pow2_floor(loop.extent.value))
-        if costs[loop.var] == float("inf") or loop.extent.value < min_trips or lanes * 2 < native:
+        if costs[loop.var] == float("inf") or lanes * 2 < native:
             return None
         lanes = chained_lanes(uncrowded_lanes(lanes, accesses, loop.var, bl), inner, loop.extent.value, bl)
         gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
@@ -146,7 +145,7 @@ def _lanes_loop(p: _LanePlan, lane: Var, n_lanes, body, parts: dict) -> Simd:
         Assign(acc, COMBINE[op](acc, LaneReduce(op, parts[acc], ident))) for acc, op, ident in p.accs)))
 
 
-def reduce_in_lanes(body: Block, bl: Blocking, min_trips: int = 0):
+def reduce_in_lanes(body: Block, bl: Blocking):
     """Spread the iterations of the first reduction loop nest of ``body`` over
     vector lanes: each lane combines its own share in order into its own
     partial value per accumulator, the lanes are combined pairwise at the
@@ -161,7 +160,7 @@ def reduce_in_lanes(body: Block, bl: Blocking, min_trips: int = 0):
     :func:`~lowering.schedule.aligned_grid.grid_shift`), the iterations
     before and after them in masked lanes.  Returns the new body or None
     when no loop nest qualifies."""
-    p = _lane_plan(body, bl, min_trips)
+    p = _lane_plan(body, bl)
     if p is None:
         return None
     v, n, w = p.loop, p.loop.extent.value, p.lanes

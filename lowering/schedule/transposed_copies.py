@@ -2,10 +2,13 @@
 axis ``j`` but reads only ``j`` and reduction variables (``B[j, k]`` in ``A @
 B.T``) is copied, transposed, into a temporary by a new stage, so the lanes
 read it with unit stride.  The vector axis rule weighs the copies of each
-candidate axis with its accesses and decides them with the axis; above
-``PACK_MAX_BYTES`` (``vector_axis.py``) the stage tries dot-product tiles
-instead (``dot_tiles.py``).  With a register tile the copies take the panel
-layout (``panels.py``); ``packing.py`` builds them."""
+candidate axis with its accesses and decides them with the axis, at any
+size: the copy moves the operand once and the reduction re-reads it at least
+``PACK_MIN_REUSE`` times from a layout the register tiles and cache blocks
+read well (reading ``B[j, k]`` in place along ``k`` instead, as dot-product
+tiles, was up to 2.5 times as slow at every size tried).  With a register
+tile the copies take the panel layout (``panels.py``); ``packing.py`` builds
+them."""
 from __future__ import annotations
 
 from math import prod

@@ -9,12 +9,10 @@ of copying the loads worth a transposed copy along it
 (``transposed_copies.py``), decided with the axis.  The innermost reduction
 loop is scored the same way.
 
-The decision (:class:`VectorAxis`) leads to one of three builds: when the
+The decision (:class:`VectorAxis`) leads to one of two builds: when the
 reduction wins (a row reduction such as a softmax denominator, or a stage
 storing one element) each element's reduction runs in vector lanes
-(``lane_reduction.py``); when the transposed copies would be larger than
-``PACK_MAX_BYTES``, dot-product tiles are tried (``dot_tiles.py``);
-otherwise the best output axis ``j`` becomes a
+(``lane_reduction.py``); otherwise the best output axis ``j`` becomes a
 :class:`~lowering.loop_ir.Simd` loop, tiled by the tile rules
 (``tile_plan.py``)."""
 from __future__ import annotations
@@ -30,21 +28,15 @@ from .blocking import Blocking
 from .nest import Nest, accesses_of, accumulation, innermost_reduction
 from .vector_width import lanes_for
 
-PACK_MAX_BYTES = 1 << 23     # larger operands are not copied: dot-product tiles instead
-
-
 @dataclass(frozen=True)
 class VectorAxis:
     """The vector axis rule's decision.  ``j``: the output axis whose
     iterations become vector lanes, or None when each element's reduction
     runs in lanes (a stage storing one element, a row reduction such as a
-    softmax denominator).  ``copies``: the transposed copies along ``j``;
-    ``dot_tiles``: they are larger than ``PACK_MAX_BYTES``, so dot-product
-    tiles (vector lanes along the reduction) are tried first."""
+    softmax denominator).  ``copies``: the transposed copies along ``j``."""
 
     j: Var | None
     copies: tuple = ()
-    dot_tiles: bool = False
 
 
 def vector_cost(accesses, v, lanes, extent) -> float:
@@ -111,5 +103,4 @@ def decide(nest: Nest, bl: Blocking) -> VectorAxis | None:
         return None if any(n != 1 for n in nest.extents) else VectorAxis(None)
     if _row_reduction(nest.body, accesses, lanes, costs[j]):
         return VectorAxis(None)
-    large = sum(c.access.buffer.nbytes for c in copies[j]) > PACK_MAX_BYTES
-    return VectorAxis(j, tuple(copies[j]), bool(copies[j]) and large)
+    return VectorAxis(j, tuple(copies[j]))
