@@ -16,7 +16,14 @@ every stage on the calling thread: each split stage costs a fork and a join
 and moves half of its data between cores, more than such a kernel saves.
 Otherwise every stage with more than a trivial amount of work is split, small
 ones included: stages split along the same axis find the data the previous
-one wrote in their own core's cache.
+one wrote in their own core's cache.  A stage inside a scan's time loop
+forks and joins at every step: its stages split only when the step, all
+of its stages together, takes ``STEP_SPLIT_US`` or more.
+
+That plan assumes the other cores are free.  While another process holds
+one, every split stage waits for a descheduled thread, and a kernel of
+tens of microseconds can take milliseconds: so a kernel with split stages
+times its own calls, both ways, and runs the faster (:class:`_SplitChoice`).
 
 A kernel call is one native call when libgomp is installed: ``run_stages``
 runs every stage and hands a large one to libgomp's thread team
@@ -32,15 +39,8 @@ on: one builtin function checks the arrays, fills in the table and runs the
 stages, and Python only allocates the outputs (the checked path above
 still runs, and raises, for arguments it does not accept).
 
-A stage inside a scan's time loop forks and joins at every step, and on a
-busy machine every one of those waits for a descheduled thread: it is split
-when one step of it is long (``STEP_PARALLEL_US``), and a shorter one
-(while the step, all of its stages together, takes ``STEP_MEASURED_US`` or
-more: stages split alike find their data in their own core's cache) only
-while the kernel's own calls show that splitting it pays (:class:`_StepSplit`: split steps make the LSTM
-benchmark kernel faster on an idle machine and slower when another process
-takes a core).  Without libgomp, the stages of a time loop run on one
-thread (``run_stages`` loops over them in one native call).
+Without libgomp, the stages of a time loop run on one thread
+(``run_stages`` loops over them in one native call).
 
 Every element is computed by the same machine code whatever the chunking
 (stage entries are never inlined into their callers), so results are
@@ -83,10 +83,8 @@ PARALLEL_WORK = 1 << 18          # estimated work (_work: an operation on a nati
 PARALLEL_WORK_OPENMP = 1 << 11   # the same when libgomp splits stages (a region costs far less)
 SERIAL_KERNEL_US = 100           # kernels estimated (_estimate_us) to take less than this on one
                                  # thread run on one thread
-STEP_PARALLEL_US = 200           # a stage of a scan's time loop estimated to take at least this per
-                                 # step on one thread is split across threads;
-STEP_MEASURED_US = 5             # one whose step (every stage of it) takes at least this, while
-                                 # _StepSplit measures that it pays
+STEP_SPLIT_US = 5                # a scan's step (every stage of it) estimated to take less than
+                                 # this keeps its stages on one thread: a fork and a join per step cost more
 _STAGE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 _RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                            ctypes.c_int64, ctypes.c_void_p)
@@ -342,7 +340,6 @@ class _StagePlan:
     extent: int              # iterations of the parallel root loop (1 if none)
     splittable: bool
     align: int
-    measured: bool = False   # a short step of a time loop: split when _StepSplit says it pays
 
 
 def _stage_costs(program: Program, groups: list, target: Target) -> list:
@@ -414,30 +411,29 @@ def plan_stages(program: Program, compiled: Compiled) -> list:
         parallel = isinstance(root, For) and root.kind == "parallel" and isinstance(root.extent, Const)
         extent = root.extent.value if parallel else 1
         split = not small and parallel and extent > 1 and w >= threshold
-        measured = False
         if stage.step is not None:          # a fork and a join at every step: only for long steps
-            measured = split and step_us[id(stage.step)] >= STEP_MEASURED_US and us < STEP_PARALLEL_US
-            split = split and us >= STEP_PARALLEL_US
-        plans.append(_StagePlan(fn, extent, split, chunk_align(stage), measured))
+            split = split and step_us[id(stage.step)] >= STEP_SPLIT_US
+        plans.append(_StagePlan(fn, extent, split, chunk_align(stage)))
     return plans
 
 
-class _StepSplit:
-    """Whether a kernel splits its time loops' short steps across threads,
-    chosen by timing its own calls.  Splitting pays while the other cores
-    are free and costs a wait at every step for a descheduled thread while
-    they are not, which only a measurement tells.  The first call warms up
+class _SplitChoice:
+    """Whether a kernel splits its stages across threads as planned (way 1)
+    or runs them all on the calling thread (way 0), chosen by timing its own
+    calls.  Splitting pays while the other cores are free; while another
+    process holds one, every split stage waits for a descheduled thread (a
+    scheduler slice, milliseconds, where the kernel may take microseconds),
+    which only a measurement tells.  The first call runs the plan untimed
     (it touches new temporaries and starts the thread team: not a measure
-    of either way) and is not timed; the next two try both ways; then each
-    call runs the faster one (a running mean of its
-    times) and now and then one runs the other (a probe: its time replaces
-    that way's mean), so a change of the machine's load is followed.  A
-    probe that loses again comes half as often, down to one call in
-    ``LAST`` (on a busy machine a split step can take several times as long).
-    Results are the same bits either way."""
+    of either way); the next two try both ways; then each call runs the
+    faster one (a running mean of its times) and now and then one runs the
+    other (a probe: its time replaces that way's mean), so a change of the
+    machine's load is followed.  A probe that loses again comes half as
+    often, down to one call in ``LAST``.  Results are the same bits either
+    way."""
 
     FIRST, LAST = 16, 1024      # calls between probes
-    WARM = 1                    # first calls, not splitting, whose times are not kept
+    WARM = 1                    # first calls, run as planned, whose times are not kept
 
     def __init__(self):
         self.calls = 0
@@ -451,7 +447,7 @@ class _StepSplit:
     def choose(self) -> int:
         n, self.calls = self.calls, self.calls + 1
         if n < self.WARM:
-            return 0
+            return 1
         if None in self.seconds:
             return (n - self.WARM) % 2
         return 1 - self.best() if n >= self.probe_at else self.best()
@@ -599,7 +595,7 @@ class _Runner:
             self.results.append((slot[b], fresh, b.shape, np.dtype(b.dtype)))
         self.io_slots = self.input_slots + [k for k, *_ in self.outputs]
         self.steps_for = {}
-        self.step_split = _StepSplit() if any(p.measured for p in plans) else None
+        self.split_choice = _SplitChoice() if any(p.splittable for p in plans) else None
 
     def native(self):
         """``(call, call_at)`` through the kernel's native entries
@@ -609,7 +605,7 @@ class _Runner:
         0 or -1: None and -1 when the checked Python path must run instead
         (a wrong argument, a failed index check, another thread in the
         kernel)."""
-        if any(p.splittable or p.measured for p in self.plans):
+        if self.split_choice is not None:
             return None
         d = Descriptor(ctypes.cast(self.compiled.run_stages, ctypes.c_void_p).value, len(self.plans), self.n,
                        [(k, b.dtype, b.shape) for k, b in zip(self.input_slots, self.program.inputs)],
@@ -696,17 +692,23 @@ class _Runner:
         self.run(table, err)
 
     def run(self, table, err):
-        """The native calls, ``table`` filled in; raises the first failed check."""
+        """The native calls, ``table`` filled in; raises the first failed check.
+        With more than one thread, the kernel's :class:`_SplitChoice` says
+        whether this call splits its stages as planned or runs them all here."""
         threads = num_threads()
+        measure = self.split_choice is not None and threads > 1
+        way = self.split_choice.choose() if measure else 1
+        start = time.perf_counter()
+        self.run_split(table, err, threads if way else 1)
+        if measure:
+            self.split_choice.record(way, time.perf_counter() - start)
+
+    def run_split(self, table, err, threads: int):
+        """Run every stage, those planned to split across ``threads``."""
         if self.compiled.openmp and _gomp_team:         # the whole kernel in one native call
             if len(err) < 2 * threads:
                 err = self.local.err = (ctypes.c_int64 * (2 * threads))()
-            measure = self.step_split is not None and threads > 1
-            way = self.step_split.choose() if measure else 0
-            start = time.perf_counter()
-            self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads, way))
-            if measure:
-                self.step_split.record(way, time.perf_counter() - start)
+            self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads))
             self.raise_failed(err, threads)
             return
         for step in self.steps(threads):
@@ -734,13 +736,13 @@ class _Runner:
                 ctypes.memset(err, 0, ctypes.sizeof(err))
                 _raise_check(self.program, code, index)
 
-    def split_flags(self, threads: int, measured: int = 0):
-        """Which stages ``run_stages`` splits; ``measured``: the short steps too."""
-        flags = self.steps_for.get(("flags", threads, measured))
+    def split_flags(self, threads: int):
+        """Which stages ``run_stages`` splits across ``threads`` (none on one)."""
+        flags = self.steps_for.get(("flags", threads))
         if flags is None:
             flags = (ctypes.c_int8 * max(len(self.plans), 1))(
-                *[int(p.splittable or measured and p.measured) for p in self.plans])
-            self.steps_for[("flags", threads, measured)] = flags
+                *[int(p.splittable and threads > 1) for p in self.plans])
+            self.steps_for[("flags", threads)] = flags
         return flags
 
     def collect(self, arrays_by_slot):

@@ -423,20 +423,22 @@ def test_threads_give_the_same_bits():
     assert len(set(runs.values())) == 1, runs
 
 
-def test_short_steps_are_split_only_while_splitting_pays(rng):
-    """A time loop's short steps are split across threads only while the
-    kernel's own calls show it is faster (runtime._StepSplit): both ways
+def test_stages_are_split_only_while_splitting_pays(rng):
+    """A kernel's planned splits run only while its own calls show they are
+    faster than running every stage on the calling thread
+    (runtime._SplitChoice): the first call runs the plan untimed, both ways
     are tried, the faster kept, the other probed ever less often while it
-    loses, and a change of load is followed.  Both ways give the same bits."""
-    from lowering.runtime import _StepSplit
-    split = _StepSplit()
+    loses, and a change of load is followed.  Both ways give the same bits,
+    the short steps of a time loop included."""
+    from lowering.runtime import _SplitChoice
+    split = _SplitChoice()
 
-    def call(seconds):              # seconds[way]: what a call takes not splitting / splitting
+    def call(seconds):              # seconds[way]: what a call takes on one thread / split as planned
         way = split.choose()
         split.record(way, seconds[way])
         return way
 
-    assert [call((50.0, 50.0))] == [0]          # the first call warms up: its time is not kept
+    assert [call((50.0, 50.0))] == [1]          # the first call runs the plan: its time is not kept
     assert [call((2.0, 1.0)) for _ in range(2)] == [0, 1]
     ways = [call((2.0, 1.0)) for _ in range(600)]
     probes = [k for k, way in enumerate(ways) if way == 0]
@@ -445,18 +447,18 @@ def test_short_steps_are_split_only_while_splitting_pays(rng):
     ways = [call((1.0, 6.0)) for _ in range(50)]                         # another process took a core
     assert ways[3:].count(1) == 0
 
-    split = _StepSplit()                          # a slow first call does not make splitting look faster
-    assert [call((50.0, 50.0))] + [call((1.0, 2.0)) for _ in range(12)] == [0, 0, 1] + [0] * 10
+    split = _SplitChoice()                        # a slow first call does not make either way look faster
+    assert [call((50.0, 50.0))] + [call((1.0, 2.0)) for _ in range(12)] == [1, 0, 1] + [0] * 10
 
     ins, Y = elman(12, 32, 128, 64, dtype="float32")
     g = te.gradient(Y, ins)
     kernel = te.build(ins, [Y] + g)
-    if not any(plan.measured for plan in kernel._stages) or kernel._run.step_split is None:
-        pytest.skip("no step of this kernel is short enough to be measured on this target")
+    if kernel._run.split_choice is None:
+        pytest.skip("no stage of this kernel is planned to split on this target")
     v = [rng.standard_normal(t.shape).astype("float32") * 0.3 for t in ins]
     outs = []
     for way in (0, 1):
-        kernel._run.step_split.choose = lambda way=way: way
+        kernel._run.split_choice.choose = lambda way=way: way
         outs.append(kernel(*v))
     for a, b in zip(*outs):
         assert np.array_equal(a, b)
