@@ -430,7 +430,8 @@ class _SplitChoice:
     other (a probe: its time replaces that way's mean), so a change of the
     machine's load is followed.  A probe that loses again comes half as
     often, down to one call in ``LAST``.  Results are the same bits either
-    way."""
+    way.  Threads calling one kernel at once share its choice: a lock keeps
+    each step whole, and a call's time may arrive after later calls chose."""
 
     FIRST, LAST = 16, 1024      # calls between probes
     WARM = 1                    # first calls, run as planned, whose times are not kept
@@ -440,30 +441,33 @@ class _SplitChoice:
         self.seconds = [None, None]         # mean call time not splitting / splitting
         self.interval = self.FIRST
         self.probe_at = 0
+        self.lock = threading.Lock()
 
     def best(self) -> int:
         return int(self.seconds[1] < self.seconds[0])
 
     def choose(self) -> int:
-        n, self.calls = self.calls, self.calls + 1
-        if n < self.WARM:
-            return 1
-        if None in self.seconds:
-            return (n - self.WARM) % 2
-        return 1 - self.best() if n >= self.probe_at else self.best()
+        with self.lock:
+            n, self.calls = self.calls, self.calls + 1
+            if n < self.WARM:
+                return 1
+            if None in self.seconds:
+                return (n - self.WARM) % 2
+            return 1 - self.best() if n >= self.probe_at else self.best()
 
     def record(self, way: int, seconds: float):
-        if self.calls <= self.WARM:
-            return
-        old = self.seconds[way]
-        if old is None or way != self.best():      # a first time, or a probe
-            self.seconds[way] = seconds
-            if None not in self.seconds:
-                lost = way != self.best()
-                self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
-                self.probe_at = self.calls + self.interval
-        else:
-            self.seconds[way] = 0.75 * old + 0.25 * seconds
+        with self.lock:
+            if self.calls <= self.WARM:
+                return
+            old = self.seconds[way]
+            if old is None or None in self.seconds or way != self.best():    # a first time, or a probe
+                self.seconds[way] = seconds
+                if None not in self.seconds:
+                    lost = way != self.best()
+                    self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
+                    self.probe_at = self.calls + self.interval
+            else:
+                self.seconds[way] = 0.75 * old + 0.25 * seconds
 
 
 # ----------------------------------------------------------------- execution

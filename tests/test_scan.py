@@ -450,6 +450,13 @@ def test_stages_are_split_only_while_splitting_pays(rng):
     split = _SplitChoice()                        # a slow first call does not make either way look faster
     assert [call((50.0, 50.0))] + [call((1.0, 2.0)) for _ in range(12)] == [1, 0, 1] + [0] * 10
 
+    split = _SplitChoice()                        # threads calling at once: times arrive after later choices
+    split.record(split.choose(), 9.0)
+    ways = [split.choose() for _ in range(3)]
+    for way in sorted(ways):                      # both calls of one way end before the other's
+        split.record(way, (1.0, 2.0)[way])
+    assert ways == [0, 1, 0] and split.seconds == [1.0, 2.0] and split.choose() == 0
+
     ins, Y = elman(12, 32, 128, 64, dtype="float32")
     g = te.gradient(Y, ins)
     kernel = te.build(ins, [Y] + g)
