@@ -70,7 +70,7 @@ from te_autodiff.ops import is_transcendental
 
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
 from .loop_ir import (Block, BufLoad, Const, For, GuardedLoad, If, IntPower, Program, Simd, Store, children,
-                      stmt_exprs)
+                      stmt_exprs, walk)
 from . import llvm_process
 from .native_call import Descriptor
 from .throughput import LOAD, OP, PER_UNIT, TRANSCENDENTAL
@@ -289,24 +289,16 @@ def _work(stmt, target: Target) -> int:
 
 def _native_vectors(simd: Simd, target: Target) -> int:
     """Native vectors of ``target`` one operation on ``simd``'s lanes of its
-    widest float value takes (a float64 vector of 32 lanes is four AVX-512
+    widest float value takes (a float64 vector of 32 lanes is four 64-byte
     ones); only float operations count as work (:func:`_ops`)."""
-    widest, stack = 4, [simd.body]
-    while stack:
-        st = stack.pop()
-        if isinstance(st, (For, Simd)):
-            stack.append(st.body)
-        elif isinstance(st, Block):
-            stack += st.stmts
-        elif isinstance(st, If):
-            stack += [st.then] + ([] if st.else_ is None else [st.else_])
-        else:
-            exprs = list(stmt_exprs(st))
-            while exprs:
-                e = exprs.pop()
-                if e.dtype.startswith("float"):
-                    widest = max(widest, np.dtype(e.dtype).itemsize)
-                exprs += children(e)
+    widest = 4
+    for st in walk(simd.body):
+        exprs = list(stmt_exprs(st))
+        while exprs:
+            e = exprs.pop()
+            if e.dtype.startswith("float"):
+                widest = max(widest, np.dtype(e.dtype).itemsize)
+            exprs += children(e)
     return max(1, -(-simd.lanes * widest // target.vector_bytes))
 
 
