@@ -606,12 +606,10 @@ def fresh_throughput(tmp_path, monkeypatch):
 
 
 def test_throughput_is_measured_once_and_kept_in_the_cache_file(fresh_throughput, monkeypatch):
-    """The first ask measures (finite, positive figures, quickly) and writes
-    the file; a new process (nothing kept) reads it instead of measuring."""
+    """The first ask measures (finite, positive figures) and writes the
+    file; a new process (nothing kept) reads it instead of measuring."""
     throughput, path = fresh_throughput
-    t = time.perf_counter()
     work, l2 = throughput.measured(te.target())
-    assert time.perf_counter() - t < 2.0
     assert 0 < work < float("inf") and 0 < l2 < float("inf")
     assert list(json.loads(path.read_text()).values()) == [[work, l2]]
 
