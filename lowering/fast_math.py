@@ -12,7 +12,7 @@ exists, else the operator's LLVM intrinsic or libm function.
 float32 algorithms: exp reduces ``x = n ln2 + r`` (``n = rint(x / ln2)`` from
 one fma, a two-part ln2 as in Cody-Waite), takes ``e^r = 1 + r H(r)`` from a
 degree-6 minimax polynomial and scales by ``2^n`` with one rounding:
-vscalefps on AVX-512 vectors of a multiple of 16 lanes; elsewhere, where
+vscalefps on AVX-512 vectors of a multiple of 16 lanes (vscalefpd: 8); elsewhere, where
 every lane's result is a normal float, ``n`` added to the exponent field
 (two integer operations, and ``x`` needs no clamp), else two power-of-two
 factors, so subnormal results round once, in a branch taken only by vectors
@@ -27,8 +27,10 @@ step).  erf is an odd polynomial below 1 and ``1 - e^(R - x²)`` above.
 sin, cos and tan reduce by pi/2 and evaluate their polynomials in float64
 (float32 needs no more), calling libm past 2^19.
 
-float64: exp, log and log1p follow fdlibm (their divisions stay: rcp14 and
-two Newton steps measured slower), log2 and log10 fdlibm's split of
+float64: exp is float32's algorithm with a degree-10 ``H`` (the float
+type's constants are attributes of its ``_Ops`` class; no division); expm1,
+log and log1p follow fdlibm (their divisions stay: rcp14 and two Newton
+steps measured slower), log2 and log10 fdlibm's split of
 ``log(1 + f)`` into a 32-bit head and a tail; exp2 is a polynomial in the
 fraction; tanh, erf, sin, cos and tan follow their float32 forms with longer
 polynomials.
@@ -53,24 +55,46 @@ I32 = ir.IntType(32)
 FLAGS = ("contract",)
 
 
-class _Ops:
-    """Scalar-or-vector arithmetic on one IR builder, constants splatted to the operand shape."""
+# e^r - 1 = r H(r) on |r| <= ln2/2, H of degree 5 (minimax for e^r: relative error 2^-28)
+_EXPM1_POLY = (1.3814583654e-3, 8.3687240258e-3, 4.1668388993e-2, 1.6666521132e-1, 4.9999994040e-1, 1.0)
+# the same of degree 10 for float64 (relative error of e^r 2^-56.2)
+_EXPM1_POLY_F64 = (2.4991424057761177e-08, 2.763103457023136e-07, 2.755762672715492e-06, 2.480149063483508e-05,
+                   0.00019841269436758974, 0.0013888888946354536, 0.008333333333549714, 0.04166666666651782,
+                   0.16666666666666216, 0.5000000000000012, 1.0)
 
-    int_type = I32          # the integers of the float type's width
+
+class _Ops:
+    """Scalar-or-vector arithmetic on one IR builder, constants splatted to
+    the operand shape; the float type's layout and the constants of the
+    algorithms that depend on its precision are class attributes."""
+
+    float_type, int_type = F32, I32      # the float and the integers of its width
+    mantissa_bits, bias = 23, 127
+    scalef_lanes = 16                    # one AVX-512 vector
+    exp_ln2 = (0.693359375, -2.12194440e-4)     # ln2 = hi + lo, n hi exact for the n of exp
+    expm1_poly = _EXPM1_POLY
+    exp_normal = 86.5                    # |x| below it: e^x normal, n in [-125, 125]
+    exp_clamp = (-104.0, 88.8)           # e^x rounds to 0 / inf beyond (n stays in [-150, 128])
 
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
         self.n = like.type.count if isinstance(like.type, ir.VectorType) else None
-        self.scalef = fe.target.scale_intrinsic if self.n and self.n % 16 == 0 else None   # vscalefps, 16 lanes at a time
+        self.scalef = (fe.target.scale_intrinsic(self.float_type == F32)     # vscalefps / pd, a vector at a time
+                       if self.n and self.n % self.scalef_lanes == 0 else None)
 
     def t(self, scalar):
         return scalar if self.n is None else ir.VectorType(scalar, self.n)
 
     def f(self, v):
-        return ir.Constant(self.t(F32), float(v))
+        return ir.Constant(self.t(self.float_type), float(v))
 
     def i(self, v):
-        return ir.Constant(self.t(I32), int(v))
+        return ir.Constant(self.t(self.int_type), int(v))
+
+    @property
+    def round_bias(self):
+        """1.5 2^m (m the mantissa bits): ``y + it - it`` rounds ``y`` (|y| < 2^(m-1)) to an integer."""
+        return self.f(1.5 * 2.0 ** self.mantissa_bits)
 
     def add(self, a, b):
         return self.b.fadd(a, b, flags=FLAGS)
@@ -141,71 +165,71 @@ class _Ops:
         return self.b.fcmp_unordered("uno", a, a)
 
     def pow2(self, n):
-        """``2.0 ** n`` for an int32 ``n`` in [-126, 127]."""
-        return self.b.bitcast(self.b.shl(self.b.add(n, self.i(127)), self.i(23)), self.t(F32))
+        """``2.0 ** n`` for an integer ``n`` of the float's width, 2^n a normal float."""
+        return self.b.bitcast(self.b.shl(self.b.add(n, self.i(self.bias)), self.i(self.mantissa_bits)),
+                              self.t(self.float_type))
 
 
 # ------------------------------------------------------------------------ exp
 
-# e^r - 1 = r H(r) on |r| <= ln2/2, H of degree 5 (minimax for e^r: relative error 2^-28)
-_EXPM1_POLY = (1.3814583654e-3, 8.3687240258e-3, 4.1668388993e-2, 1.6666521132e-1, 4.9999994040e-1, 1.0)
-_ROUND = 12582912.0                 # 1.5 * 2^23: x + _ROUND - _ROUND rounds x to an integer
-
 
 def _exp_reduce(o, x):
     """``x = n ln2 + r``, ``|r| <= ln2/2``: ``n = rint(x / ln2)`` (one fma against
-    1.5 2^23 rounds the exact product into ``t = n + 1.5 2^23``), ``r`` with a
-    two-part ln2 (Cody-Waite: ``n ln2_hi`` is exact).  Meant for ``x`` in
-    [-104, 88.8]: :func:`_exp` clamps ``x`` to that, or keeps a result only
-    where ``e^x`` is normal.  Returns ``(t, n, r, H(r))``."""
-    t = o.add(o.mul(x, o.f(1.44269504088896341)), o.f(_ROUND))
-    n = o.sub(t, o.f(_ROUND))
-    r = o.sub(x, o.mul(n, o.f(0.693359375)))
-    r = o.sub(r, o.mul(n, o.f(-2.12194440e-4)))
-    return t, n, r, o.horner(r, _EXPM1_POLY)
+    1.5 2^m rounds the exact product into ``t = n + 1.5 2^m``), ``r`` with a
+    two-part ln2 (Cody-Waite: ``n ln2_hi`` is exact).  Meant for ``x`` within
+    the float's ``exp_clamp``: :func:`_exp` clamps ``x`` to that, or keeps a
+    result only where ``e^x`` is normal.  Returns ``(t, n, r, H(r))``."""
+    t = o.add(o.mul(x, o.f(1.44269504088896341)), o.round_bias)
+    n = o.sub(t, o.round_bias)
+    hi, lo = o.exp_ln2
+    r = o.sub(x, o.mul(n, o.f(hi)))
+    r = o.sub(r, o.mul(n, o.f(lo)))
+    return t, n, r, o.horner(r, o.expm1_poly)
 
 
 def _ldexp(o, p, n):
-    """``p 2^n`` rounded once (``n`` an integral float in [-150, 128]):
-    vscalefps on AVX-512 vectors of a multiple of 16 lanes (16 at a time; NaN stays
-    NaN), else two power-of-two factors (``n = NaN`` is poison there: callers
-    select NaN lanes afterwards)."""
+    """``p 2^n`` rounded once (``n`` an integral float within the range
+    :func:`_exp_reduce` is meant for): vscalefps / vscalefpd on AVX-512
+    vectors of whole 512-bit vectors (NaN stays NaN), else two power-of-two
+    factors, each normal (``n = NaN`` is poison there: callers select NaN
+    lanes afterwards)."""
     if o.scalef:
-        vt = ir.VectorType(F32, 16)
-        fn = o.fe.intrinsic(o.scalef, vt, [vt, vt, vt, ir.IntType(16), I32])
-        flags = [ir.Constant(vt, None), ir.Constant(ir.IntType(16), -1), ir.Constant(I32, 4)]
-        return o.fe.joined([o.b.call(fn, [o.fe.lanes_of(p, k, 16), o.fe.lanes_of(n, k, 16)] + flags)
-                            for k in range(0, o.n, 16)])
-    ni = o.b.fptosi(n, o.t(I32))
+        k = o.scalef_lanes
+        vt, mask = ir.VectorType(o.float_type, k), ir.IntType(k)
+        fn = o.fe.intrinsic(o.scalef, vt, [vt, vt, vt, mask, I32])
+        flags = [ir.Constant(vt, None), ir.Constant(mask, -1), ir.Constant(I32, 4)]
+        return o.fe.joined([o.b.call(fn, [o.fe.lanes_of(p, j, k), o.fe.lanes_of(n, j, k)] + flags)
+                            for j in range(0, o.n, k)])
+    ni = o.b.fptosi(n, o.t(o.int_type))
     half = o.b.ashr(ni, o.i(1))
     return o.mul(o.mul(p, o.pow2(half)), o.pow2(o.b.sub(ni, half)))
 
 
 def _ldexp_normal(o, p, t):
-    """``p 2^n`` for ``t = n + 1.5 2^23`` (from :func:`_exp_reduce`) where ``p``
+    """``p 2^n`` for ``t = n + 1.5 2^m`` (from :func:`_exp_reduce`) where ``p``
     and ``p 2^n`` are normal floats: ``n`` is the low bits of ``t``'s
-    mantissa, so ``t``'s bits shifted left by 23 are ``n`` in the exponent
-    field (1.5 2^23's own bits shift out), added to ``p``'s.  Two integer
+    mantissa, so ``t``'s bits shifted left by m are ``n`` in the exponent
+    field (1.5 2^m's own bits shift out), added to ``p``'s.  Two integer
     operations against :func:`_ldexp`'s nine, the same bits."""
-    b = o.b
-    bits = b.add(b.bitcast(p, o.t(I32)), b.shl(b.bitcast(t, o.t(I32)), o.i(23)))
-    return b.bitcast(bits, o.t(F32))
+    b, it = o.b, o.t(o.int_type)
+    bits = b.add(b.bitcast(p, it), b.shl(b.bitcast(t, it), o.i(o.mantissa_bits)))
+    return b.bitcast(bits, o.t(o.float_type))
 
 
 def _exp2_reduce(o, x):
-    """``x = n + f``, ``|f| <= 1/2`` (``t = n + 1.5 2^23`` as in
+    """``x = n + f``, ``|f| <= 1/2`` (``t = n + 1.5 2^m`` as in
     :func:`_exp_reduce`), ``2^x = 2^n e^r`` with ``r = f ln2``."""
-    t = o.add(x, o.f(_ROUND))
-    n = o.sub(t, o.f(_ROUND))
+    t = o.add(x, o.round_bias)
+    n = o.sub(t, o.round_bias)
     r = o.mul(o.sub(x, n), o.f(0.6931471805599453))
-    return t, n, r, o.horner(r, _EXPM1_POLY)
+    return t, n, r, o.horner(r, o.expm1_poly)
 
 
 def _exp(o, x, normal, clamp, reduce=_exp_reduce):
     """``e^x``, ``x`` clamped by ``clamp`` where that leaves the result unchanged.
-    Vectors without vscalefps whose lanes all satisfy ``normal()`` (``e^x`` a
+    Vectors without vscalef whose lanes all satisfy ``normal()`` (``e^x`` a
     normal float) skip the clamp and scale by :func:`_ldexp_normal`; other
-    vectors (a branch), scalars and vscalefps clamp and scale by
+    vectors (a branch), scalars and vscalef clamp and scale by
     :func:`_ldexp`, NaN passing through.  Both give the same bits where
     ``normal()`` holds."""
     def scaled():
@@ -222,11 +246,12 @@ def _nan_through(o, x, y):
     return y if o.scalef else o.b.select(o.isnan(x), x, y)
 
 
-def exp_f32(fe, x):
-    o = _Ops(fe, x)
-    # |x| < 86.5: n in [-125, 125], p in [0.70, 1.42] and p 2^n normal (NaN fails the test)
-    return _exp(o, x, lambda: o.lt(o.call("llvm.fabs", x), o.f(86.5)),
-                lambda v: o.call("llvm.minimum", o.call("llvm.maximum", v, o.f(-104.0)), o.f(88.8)))
+def exp(fe, x):
+    """e^x in either float type (NaN fails the ``normal`` test)."""
+    o = _ops_of(fe, x)
+    lo, hi = o.exp_clamp
+    return _exp(o, x, lambda: o.lt(o.call("llvm.fabs", x), o.f(o.exp_normal)),
+                lambda v: o.call("llvm.minimum", o.call("llvm.maximum", v, o.f(lo)), o.f(hi)))
 
 
 def exp2_f32(fe, x):
@@ -384,7 +409,7 @@ _ERF_LARGE_F32 = (0.0001863299257820472, -0.00015227720723487437, 0.002464613178
                   0.05611623823642731, -0.3526941239833832, -1.556817889213562)
 
 
-def _erf(o, x, small_poly, clamp, exponent, exp):
+def _erf(o, x, small_poly, clamp, exponent, exp_of):
     """``x + x S(x²)`` below ``|x| = 1``, ``±(1 - exp(exponent(|x|)))`` above
     (``|x|`` clamped at ``clamp``, where that rounds to 1); a vector whose
     lanes are all below 1 skips the second formula."""
@@ -394,7 +419,7 @@ def _erf(o, x, small_poly, clamp, exponent, exp):
     is_small = b.fcmp_unordered("<", a, o.f(1.0))                       # NaN: small
 
     def either():
-        large = o.sub(o.f(1.0), exp(exponent(o.call("llvm.minimum", a, o.f(clamp)))))
+        large = o.sub(o.f(1.0), exp_of(exponent(o.call("llvm.minimum", a, o.f(clamp)))))
         return b.select(is_small, small, o.call("llvm.copysign", large, x))
     return either() if o.n is None else _unless_all(o, is_small, small, either)
 
@@ -403,11 +428,11 @@ def erf_f32(fe, x):
     """:func:`_erf` with the exponent ``R(|x| - 2.5) - x²`` (``x²`` in the fma)."""
     o = _Ops(fe, x)
 
-    def exp(q):                         # q in [-18, -1.8]: e^q normal
+    def exp_normal(q):                  # q in [-18, -1.8]: e^q normal
         t, _, r, h = _exp_reduce(o, q)
         return _ldexp_normal(o, o.add(o.mul(r, h), o.f(1.0)), t)
     return _erf(o, x, _ERF_SMALL_F32, 4.0,
-                lambda c: o.sub(o.horner(o.sub(c, o.f(2.5)), _ERF_LARGE_F32), o.mul(c, c)), exp)
+                lambda c: o.sub(o.horner(o.sub(c, o.f(2.5)), _ERF_LARGE_F32), o.mul(c, c)), exp_normal)
 
 
 # -------------------------------------------------------------------- sigmoid
@@ -434,14 +459,14 @@ I64 = ir.IntType(64)
 
 
 class _Ops64(_Ops):
-    int_type = I64
+    float_type, int_type = F64, I64
+    mantissa_bits, bias = 52, 1023
+    scalef_lanes = 8
     SPLIT = 134217729.0             # 2^27 + 1, for 53-bit significands
-
-    def f(self, v):
-        return ir.Constant(self.t(F64), float(v))
-
-    def i(self, v):
-        return ir.Constant(self.t(I64), int(v))
+    exp_ln2 = (6.93147180369123816490e-01, 1.90821492927058770002e-10)   # fdlibm's: hi has 32 bits
+    expm1_poly = _EXPM1_POLY_F64
+    exp_normal = 708.0              # n in [-1021, 1021]
+    exp_clamp = (-746.0, 710.0)     # n in [-1077, 1025]
 
 
 # fdlibm e_log.c: log(1 + f) = f - f^2/2 + s (f^2/2 + R(s^2)), s = f / (2 + f)
@@ -541,13 +566,6 @@ def _exp_parts_f64(o, x, lo_clamp, hi_clamp):
     return n, hi, o.sub(lo, o.div(o.mul(r, c), o.sub(o.f(2.0), c)))
 
 
-def exp_f64(fe, x):
-    o = _Ops64(fe, x)
-    n, hi, low = _exp_parts_f64(o, x, -746.0, 710.0)
-    y = o.sub(o.f(1.0), o.sub(low, hi))
-    return o.b.select(o.isnan(x), x, _ldexp_f64(o, y, n))
-
-
 def _expm1_scaled(o, x, n, p, pow2):
     """``e^x - 1 = 2^n (1 + p) - 1 = 2 (h p + (h - 1/2))``, ``h = 2^(n-1)``
     (``pow2``, a normal float): one rounding but ``h - 1/2``'s, exact below
@@ -568,18 +586,6 @@ def expm1_f64(fe, x):
                          lambda k: o.b.bitcast(o.b.shl(o.b.add(k, o.i(1023)), o.i(52)), o.t(F64)))
 
 
-def _ldexp_f64(o, y, n):
-    """``y 2^n`` for an integral ``n`` in [-1077, 1025], in three steps that
-    keep every factor normal (subnormal results round once, at the last)."""
-    b = o.b
-    ni = b.fptosi(n, o.t(I64))
-    third = b.sdiv(ni, o.i(3))
-    pow2 = [third, third, b.sub(ni, b.mul(third, o.i(2)))]
-    for p in pow2:
-        y = o.mul(y, b.bitcast(b.shl(b.add(p, o.i(1023)), o.i(52)), o.t(F64)))
-    return y
-
-
 # 2^f = 1 + f P(f) on |f| <= 1/2, P fitted to (2^f - 1) / f (0.16 ulp)
 _EXP2_POLY_F64 = (2.562558308367793e-11, 4.456572031563515e-10, 7.054974357519296e-09, 1.0178051930741918e-07,
                   1.3215486595250166e-06, 1.5252733854349019e-05, 0.00015403530393640272, 0.0013333558146392652,
@@ -593,7 +599,7 @@ def exp2_f64(fe, x):
     n = o.call("llvm.rint", xc)
     f = o.sub(xc, n)
     y = o.add(o.mul(f, o.horner(f, _EXP2_POLY_F64)), o.f(1.0))
-    return o.b.select(o.isnan(x), x, _ldexp_f64(o, y, n))
+    return o.b.select(o.isnan(x), x, _ldexp(o, y, n))
 
 
 # tanh(x) = x + x z P(z), z = x², on |x| < 0.625: P fitted to (tanh(x)/x - 1) / z (0.1 ulp)
@@ -604,7 +610,7 @@ _TANH_POLY_F64 = (-1.6072146196903783e-05, 7.7143442688397e-05, -0.0002285633376
 
 def tanh_f64(fe, x):
     """An odd polynomial below ``|x| = 0.625``; above, ``±(1 - 2e / (1 + e))``
-    with ``e = e^{-2|x|}`` (:func:`exp_f64`; ``|x|`` clamped at 19.1, where
+    with ``e = e^{-2|x|}`` (:func:`exp`; ``|x|`` clamped at 19.1, where
     tanh rounds to 1).  A vector whose lanes are all below 0.625 skips the
     second formula."""
     o = _Ops64(fe, x)
@@ -615,7 +621,7 @@ def tanh_f64(fe, x):
     is_small = b.fcmp_unordered("<", a, o.f(0.625))                     # NaN: small
 
     def either():
-        e = exp_f64(fe, o.mul(o.call("llvm.minnum", a, o.f(19.1)), o.f(-2.0)))
+        e = exp(fe, o.mul(o.call("llvm.minnum", a, o.f(19.1)), o.f(-2.0)))
         large = o.sub(o.f(1.0), o.div(o.add(e, e), o.add(e, o.f(1.0))))
         return b.select(is_small, small, o.call("llvm.copysign", large, x))
     return either() if o.n is None else _unless_all(o, is_small, small, either)
@@ -626,7 +632,7 @@ def sigmoid_f64(fe, x):
     tiny results keep their precision down to the subnormals)."""
     o = _Ops64(fe, x)
     one = o.f(1.0)
-    e = exp_f64(fe, o.b.fneg(o.call("llvm.fabs", x)))
+    e = exp(fe, o.b.fneg(o.call("llvm.fabs", x)))
     top = o.b.select(o.b.fcmp_ordered(">=", x, o.f(0.0)), one, e)
     return o.div(top, o.add(one, e))
 
@@ -680,7 +686,7 @@ def erf_f64(fe, x):
     o = _Ops64(fe, x)
 
     return _erf(o, x, _ERF_SMALL_F64, 6.0, lambda c: o.sub(_intervals(o, c, _ERF_LARGE_F64), o.mul(c, c)),
-                lambda q: exp_f64(fe, q))
+                lambda q: exp(fe, q))
 
 
 # erfc(x) = e^(R(x - c) - x²) on [0.5, 2.5] (c = 1.5) and [2.5, 10.1] (c = 6.3), R fitted
@@ -723,7 +729,7 @@ def erfc_f32(fe, x):
     o = _Ops64(fe, x)
     xd = fe.b.fpext(x, o.t(F64))
     c = o.call("llvm.minimum", xd, o.f(10.1))
-    large = exp_f64(fe, o.sub(_intervals(o, c, _ERFC_F32), o.mul(c, c)))
+    large = exp(fe, o.sub(_intervals(o, c, _ERFC_F32), o.mul(c, c)))
     small = o.sub(o.f(1.0), erf_f64(fe, xd))
     y = fe.b.select(fe.b.fcmp_unordered("<", xd, o.f(0.5)), small, large)
     return fe.b.fptrunc(y, _Ops(fe, x).t(F32))
@@ -783,7 +789,7 @@ def erfc_f64(fe, x):
     tail = o.product_error(c, c, square)
     s, e1 = _two_sum(b, head, b.fneg(square))
     s, e2 = _two_sum(b, s, rest)
-    e = exp_f64(fe, s)
+    e = exp(fe, s)
     large = o.fma(e, b.fsub(b.fadd(e1, e2), tail), e)
     small = o.sub(o.f(1.0), erf_f64(fe, x))
     return b.select(b.fcmp_unordered("<", x, o.f(0.5)), small, large)
@@ -917,7 +923,7 @@ def pow_f64(fe, x, y):
     hi, lo = _log_dd_f64(o, o.call("llvm.fabs", x))
     z = o.mul(y, hi)
     dz = o.add(o.product_error(y, hi, z), o.mul(y, lo))
-    r = exp_f64(fe, z)
+    r = exp(fe, z)
     finite = o.lt(o.call("llvm.fabs", z), o.f(746.0))                 # inf, NaN: no correction
     return _pow_specials(o, x, y, o.b.select(finite, o.fma(r, dz, r), r))
 
@@ -926,7 +932,7 @@ def pow_f32(fe, x, y):
     """``e^(y log|x|)`` in float64 (its rounding is far below float32's)."""
     o64 = _Ops64(fe, x)
     xd, yd = (fe.b.fpext(v, o64.t(F64)) for v in (x, y))
-    r = exp_f64(fe, o64.mul(yd, log_f64(fe, o64.call("llvm.fabs", xd))))
+    r = exp(fe, o64.mul(yd, log_f64(fe, o64.call("llvm.fabs", xd))))
     o = _Ops(fe, x)
     return _pow_specials(o, x, y, fe.b.fptrunc(r, o.t(F32)))
 
@@ -1033,12 +1039,12 @@ def _hyperbolic(fe, x, combine):
     branch only vectors holding such a lane take."""
     o = _Ops64(fe, x)
     a = o.call("llvm.fabs", x)
-    half = o.mul(exp_f64(fe, a), o.f(0.5))
+    half = o.mul(exp(fe, a), o.f(0.5))
     value = combine(o, half, o.div(o.f(0.25), half))
     ok = o.b.fcmp_unordered("<", a, o.f(709.0))
 
     def large():
-        h = exp_f64(fe, o.mul(a, o.f(0.5)))
+        h = exp(fe, o.mul(a, o.f(0.5)))
         return o.b.select(ok, value, o.mul(o.mul(h, o.f(0.5)), h))
     return o, a, _unless_all(o, ok, value, large) if o.n is not None else large()
 
@@ -1066,13 +1072,14 @@ def _in_float64(body):
 # The bodies by (operator of te_autodiff/ops.py, dtype): codegen_llvm uses
 # them in place of the operator's LLVM intrinsic or libm function.
 BODIES = {
-    ("exp", "float32"): exp_f32, ("log", "float32"): log_f32, ("log1p", "float32"): log1p_f32,
+    ("exp", "float32"): exp, ("exp", "float64"): exp, ("expm1", "float32"): expm1_f32, ("expm1", "float64"): expm1_f64,
+    ("log", "float32"): log_f32, ("log1p", "float32"): log1p_f32,
     ("tanh", "float32"): tanh_f32, ("sigmoid", "float32"): sigmoid_f32,
-    ("exp", "float64"): exp_f64, ("log", "float64"): log_f64, ("log1p", "float64"): log1p_f64,
+    ("log", "float64"): log_f64, ("log1p", "float64"): log1p_f64,
     ("sigmoid", "float64"): sigmoid_f64, ("tanh", "float64"): tanh_f64, ("erf", "float32"): erf_f32, ("erf", "float64"): erf_f64, ("erfc", "float32"): erfc_f32, ("erfc", "float64"): erfc_f64, ("exp2", "float32"): exp2_f32,
     ("log2", "float32"): log2_f32, ("log10", "float32"): log10_f32, ("exp2", "float64"): exp2_f64,
-    ("log2", "float64"): log2_f64, ("log10", "float64"): log10_f64, ("expm1", "float32"): expm1_f32,
-    ("expm1", "float64"): expm1_f64, ("pow", "float32"): pow_f32, ("pow", "float64"): pow_f64,
+    ("log2", "float64"): log2_f64, ("log10", "float64"): log10_f64, ("pow", "float32"): pow_f32,
+    ("pow", "float64"): pow_f64,
     **{(op, dtype): body if dtype == "float64" else _in_float64(body)
        for op, body in (("atan", atan_f64), ("atan2", atan2_f64), ("asin", asin_f64), ("acos", acos_f64),
                         ("sinh", sinh_f64), ("cosh", cosh_f64)) for dtype in ("float32", "float64")},
