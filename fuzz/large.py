@@ -55,7 +55,13 @@ Templates, with ``T`` the thresholds:
   ``T.math_chains`` or ``T.math_chains`` points (``chains1``, ``chains2``);
 * ``row_peel`` (row_peeling): a padded convolution ``Σ_{d, c} X[b, i + d -
   R, c] W[d, c, j]`` whose row interior (``0 <= i + d - R < H`` for every
-  tap) is about ``T.tile_rows`` rows (``row_peel``).
+  tap) is about ``T.tile_rows`` rows (``row_peel``);
+* ``nested`` (fuse's reduction into a reduction, transposed_copies,
+  vector_width): ``op_j Σ_e f(A[i, e], B[j, e])``, ``f`` one expression of
+  both reads (computed inside the outer reduction) or a product of one
+  expression of each (a contraction: a stage of its own), ``j`` about
+  ``T.pack_min_reuse`` (``loop_reuse``: ``A`` is copied transposed from
+  there), rows about one, or half ``T.math_chains``, vectors.
 """
 from __future__ import annotations
 
@@ -67,13 +73,13 @@ from .thresholds import thresholds
 from .values import Scope, V, plus
 
 TEMPLATES = {"split": 3, "vector": 2, "lane_reduction": 3, "gemm": 4, "transpose": 3, "residues": 1.5,
-             "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5}
+             "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5, "nested": 2}
 # the thresholds straddled (large:<name>:below|at|above), by template; the split's sides are its own
 STRADDLED = {"vector": ("vector", "tile_width"), "lane_reduction": ("reduce_lanes", "align", "sum_run"),
              "gemm": ("gemm_trips", "k_block", "tile_rows", "panel", "pack_reuse", "row_block"),
              "transpose": ("gather_half", "gather_block", "transpose_blocks", "align_blocks", "l1_ways"),
              "residues": ("residues",), "stencil": ("interior", "interior_ends"), "root": ("min_root", "weighed_root"),
-             "chains": ("chains1", "chains2"), "row_peel": ("row_peel",)}
+             "chains": ("chains1", "chains2"), "row_peel": ("row_peel",), "nested": ("loop_reuse",)}
 SPLIT_SIDES = ("below", "at", "prime", "outer")
 SIDES = {"below": -1, "at": 0, "above": 1}
 # every tag of the large programs (the tests check that each is generated)
@@ -334,3 +340,21 @@ class Large:
                                       self.guarded_read(w, (IVar(d), IVar(c), IVar(j)), inner))
             return self.reduced(scope, self.pick(["sum", "max", "min"], [4, 1, 1]), (2 * reach + 1, chans), taps)
         return self.output(shape, body)
+
+    def large_nested(self, T) -> Compute:
+        k = self.straddle("loop_reuse", T.pack_min_reuse)
+        rows = int(self.pick([T.lanes + 1, T.lanes * max(1, T.math_chains // 2) + 1]))
+        depth = int(self.rng.integers(1, 2 * T.gemm_min_trips))
+        contraction = self.chance(0.4)
+
+        def terms(scope, r):                 # f(A[i, e], B[j, e])
+            i, j, e = scope.vars[0], scope.vars[1], r[0]
+            a, b = self.leaf(scope, i, e), self.leaf(scope, j, e)
+            if contraction:
+                return self.binary_of("mul", self.body_over([a], scope), self.body_over([b], scope))
+            return self.body_over([a, b], scope)
+
+        def body(scope, axes):
+            outer = self.pick(["sum", "max", "min"], [1, 2, 2])
+            return self.reduced(scope, outer, (k,), lambda inner, _: self.reduced(inner, "sum", (depth,), terms))
+        return self.output((rows,), body)

@@ -28,9 +28,12 @@ Two rules, applied until neither applies:
    locals at the top of the innermost of those loops, and its buffer
    disappears.  Only when that computes each element at most once (the
    loops around that point are those loops) and, for a producer whose
-   element is a reduction, only into a reader that copies it (a crop): an
-   epilogue stays a stage of its own, so the schedule can still block the
-   reduction.  Elements nobody reads are not computed at all.
+   element is a reduction, only into a reader that copies it (a crop), or
+   into a reduction loop of a reader of several elements when the producer
+   is no contraction (``min_j Σ_e (C[j, e] - P[i, e])²``: no ``n x k``
+   temporary; a contraction's epilogue stays a stage of its own, so the
+   schedule can still tile and block it).  Elements nobody reads are not
+   computed at all.
 
 Stages inside a scan's time loop (``Stage.step``) take part in neither.
 
@@ -46,10 +49,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from te_autodiff.expr import Const, Var, add
+from te_autodiff.expr import BinOp, Const, Var, add
 from te_autodiff.visit import topo_order
 
-from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program,
+from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program, free_leaves,
                       Simd, Stage, Store, children, linear_form, loads_in, map_stmt, rename, simplify_index,
                       stmt_exprs, substitute, walk)
 
@@ -409,9 +412,47 @@ def _inline_plan(p: _Shape, reader: Stage):
     around = _enclosing(reader.body, inner) + [inner]
     if any(lp not in mapped and not (_const_loop(lp) and lp.extent.value == 1) for lp in around):
         return None                                  # it would compute elements more than once
-    if not _straight(p.body) and not _copies(element, loads[0]):
-        return None                                  # a reduction only into a copy of its window
+    if not _straight(p.body) and not _copies(element, loads[0]) and not _into_reduction(p, reader, inner, element):
+        return None                                  # a reduction: into a copy of its window or another reduction
     return inner, mapping, loads[0]
+
+
+def _into_reduction(p: _Shape, reader: Stage, inner: For, element: For) -> bool:
+    """Whether the reduction ``p`` may be computed in the reader's reduction
+    loop ``inner`` (``min_j Σ_e (C[j, e] - P[i, e])²``): the reader keeps
+    more than one element, so its lanes and threads still run independent
+    chains, and ``p`` is no contraction, which as a stage of its own the
+    register tile runs near the FMA peak (computed one element at a time
+    inside a reduction it would not be)."""
+    if inner is element or prod(lp.extent.value for lp in _chain(reader.body)) <= 1:
+        return False
+    return not _contraction(p.body, {lp.var for lp in p.loops})
+
+
+def _contraction(body, outputs: set) -> bool:
+    """Whether a reduction in ``body`` accumulates products whose two factors
+    each miss an output variable the other reads (``A[i, k] B[k, j]``,
+    ``Q[k, d, c] (x[i, c] - mu[k, c])``): an outer product of operands, each
+    load of one reused across the other's variable in a register tile.
+    Factors are followed through let-bound locals."""
+    lets = {x.local: x.init for x in walk(body) if isinstance(x, Alloc) and x.let}
+
+    def reads(e) -> set:
+        out = set()
+        for leaf in free_leaves(e):
+            out |= reads(lets[leaf]) if leaf in lets else {leaf} & outputs
+        return out
+
+    for x in walk(body):
+        if not (isinstance(x, Assign) and isinstance(x.value, BinOp) and x.value.op == "add"):
+            continue
+        term = x.value.b if x.value.a is x.local else x.value.a
+        term = lets.get(term, term)
+        if isinstance(term, BinOp) and term.op == "mul":
+            a, b = reads(term.a), reads(term.b)
+            if not a <= b and not b <= a:
+                return True
+    return False
 
 
 def _read_sites(body, buffer) -> list:

@@ -133,7 +133,51 @@ def test_a_reduction_read_at_a_shifted_window_is_computed_in_the_reader(rng):
     np.testing.assert_allclose(got[0], (a @ b)[1:9, 2:11], rtol=1e-5, atol=1e-6)
 
 
-def test_a_reduction_is_not_computed_inside_another_reduction(rng):
+def distances(n, k, d):
+    """``min_j Σ_e (C[j, e] - P[i, e])²`` (k-means' cost per point) with its inputs."""
+    P, C = te.placeholder((n, d), "float64", "P"), te.placeholder((k, d), "float64", "C")
+    e, j = te.reduce_axis(d, "e"), te.reduce_axis(k, "j")
+    D = te.compute((n, k), lambda i, jj: te.sum((C[jj, e] - P[i, e]) * (C[jj, e] - P[i, e]), axis=e), name="D")
+    M = te.compute((n,), lambda i: te.min(D[i, j], axis=j), name="M")
+    return P, C, D, M
+
+
+@pytest.mark.parametrize("n, k, d", [(50, 20, 3), (37, 9, 17)])
+def test_a_reduction_is_computed_inside_the_reduction_that_reads_it(rng, n, k, d):
+    """The distances ``D`` (no contraction: both factors read both points and
+    centroids) are computed inside the minimum over centroids that reads
+    each once: no ``n x k`` temporary, the same values."""
+    P, C, D, M = distances(n, k, d)
+    p, c = rng.standard_normal((n, d)), rng.standard_normal((k, d))
+    fused, got, want = both([P, C], [M], [p, c])
+    assert "D" not in temps(fused) and all(st.name != "D" for st in fused.stages)
+    assert_same(got, want)
+    np.testing.assert_allclose(got[0], ((p[:, None, :] - c[None]) ** 2).sum(-1).min(1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("form", ["product", "difference"])
+def test_a_contraction_stays_a_stage_under_the_reduction_reading_it(rng, form):
+    """``max_j Σ_k A[i, k] B[k, j]`` and ``Σ_d (Σ_c Q[d, c] (x[i, c] - m[c]))²``
+    (gmm's form): products whose factors each miss a variable the other
+    reads keep their own register-tiled stage."""
+    A = te.placeholder((24, 16), "float64", "A")
+    B = te.placeholder((16, 20), "float64", "B")
+    m = te.placeholder((16,), "float64", "m")
+    c, j = te.reduce_axis(16, "c"), te.reduce_axis(20, "j")
+    if form == "product":
+        T = te.compute((24, 20), lambda i, jj: te.sum(A[i, c] * B[c, jj], axis=c), name="T")
+        Y = te.compute((24,), lambda i: te.max(T[i, j], axis=j), name="Y")
+    else:
+        T = te.compute((24, 20), lambda i, jj: te.sum(B[c, jj] * (A[i, c] - m[c]), axis=c), name="T")
+        Y = te.compute((24,), lambda i: te.sum(T[i, j] * T[i, j], axis=j), name="Y")
+    a, b, mm = rng.standard_normal((24, 16)), rng.standard_normal((16, 20)), rng.standard_normal(16)
+    fused, got, want = both([A, B, m], [Y], [a, b, mm])
+    assert "T" in temps(fused)
+    assert_same(got, want)
+
+
+def test_a_reduction_is_not_computed_inside_a_reduction_to_one_element(rng):
+    """The sum over rows would run one element at a time: ``P`` keeps its stage."""
     A = te.placeholder((64, 64), "float32", "A")
     k, r = te.reduce_axis(64, "k"), te.reduce_axis(64, "r")
     P = te.compute((64,), lambda i: te.sum(A[i, k] * A[k, i], axis=k), name="P")

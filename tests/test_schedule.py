@@ -14,6 +14,7 @@ from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
 from lowering.schedule.aligned_grid import ALIGN_MIN_VECTORS
+from lowering.schedule.packing import PACK_MIN_REUSE
 from lowering.schedule.residue_classes import MAX_RESIDUES
 from lowering.schedule.split_reduction import SPLIT_MIN_WORK, SPLIT_PARTS
 
@@ -404,6 +405,33 @@ def test_math_stages_run_dependency_chains_side_by_side(rng, target):
             want = np.tanh(np.exp(-x64 * x64) / (1 + np.exp(-x64)))
             np.testing.assert_allclose(kernel(data), want, rtol=2e-6, atol=1e-7)
     assert widths == {"y": {chains // 2 * lanes}, "w": {chains * lanes}, "z": {lanes}}
+
+
+@pytest.mark.parametrize("k", [PACK_MIN_REUSE - 1, PACK_MIN_REUSE, 40])
+def test_a_reduction_rereading_cached_lanes_runs_chains_side_by_side(rng, k):
+    """``min_j Σ_e (C[j, e] - P[i, e])²`` along ``i``: each element is a chain
+    of dependent steps over data that stays in L1 (``P``, read again for
+    every ``j``), so the vector loop takes as many vectors as a stage
+    applying one math function; a column sum streaming ``X`` once keeps one
+    vector.  ``P`` is copied transposed when the ``j`` loop re-reads it
+    ``PACK_MIN_REUSE`` times or more (there is no other output loop; with
+    fewer, each element's sum runs in lanes instead)."""
+    n, d = 500, 8
+    P, C = te.placeholder((n, d), "float64", "P"), te.placeholder((k, d), "float64", "C")
+    e, j, r = te.reduce_axis(d, "e"), te.reduce_axis(k, "j"), te.reduce_axis(300, "r")
+    D = te.compute((n, k), lambda i, jj: te.sum((C[jj, e] - P[i, e]) * (C[jj, e] - P[i, e]), axis=e), name="D")
+    M = te.compute((n,), lambda i: te.min(D[i, j], axis=j), name="M")
+    X = te.placeholder((300, n), "float64", "X")
+    S = te.compute((n,), lambda i: te.sum(X[r, i], axis=r), name="S")
+    lanes, chains = te.target().lanes(8), blocking(te.target()).math_chains
+    kernel = te.build([P, C], [M])
+    widths = {s.lanes for s in walk(stage(kernel, "M").body) if isinstance(s, Simd)}
+    assert k < PACK_MIN_REUSE or widths == {chains // 2 * lanes}
+    assert any(st.name.startswith("P.") for st in kernel.program.stages) == (k >= PACK_MIN_REUSE)
+    column = te.build([X], [S])
+    assert {s.lanes for s in walk(stage(column, "S").body) if isinstance(s, Simd)} == {lanes}
+    p, c = rng.standard_normal((n, d)), rng.standard_normal((k, d))
+    np.testing.assert_allclose(kernel(p, c), ((p[:, None, :] - c[None]) ** 2).sum(-1).min(1), rtol=1e-12)
 
 
 def test_a_scan_step_applying_math_keeps_one_vector_per_step(rng):

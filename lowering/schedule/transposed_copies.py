@@ -15,8 +15,8 @@ from math import prod
 
 from te_autodiff.expr import Var
 
-from ..loop_ir import stride
-from .nest import Nest
+from ..loop_ir import free_leaves, stride
+from .nest import Nest, trips
 from .packing import PACK_MIN_REUSE, Copy, box
 
 
@@ -24,14 +24,18 @@ def decide(nest: Nest, j: Var, accesses) -> list:
     """The loads worth copying into a transposed temporary ``P[r..., j]``:
     gathers along ``j`` inside a reduction whose index reads only ``j`` and
     reduction variables with constant bounds, in bounds over the whole box,
-    and re-read by the other output loops at least ``PACK_MIN_REUSE`` times
-    (a list of :class:`~lowering.schedule.packing.Copy`)."""
+    and re-read at least ``PACK_MIN_REUSE`` times by the loops that leave
+    them in place (the other output loops, and the reduction loops around
+    them that their index does not read: ``P[i, e]`` in ``min_j Σ_e``) (a
+    list of :class:`~lowering.schedule.packing.Copy`)."""
     j_extent = nest.extent(j)
-    if prod(nest.extents) // max(j_extent, 1) < PACK_MIN_REUSE:
-        return []
+    others = prod(nest.extents) // max(j_extent, 1)
     plan, seen = [], set()
     for a in accesses:
         if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
+            continue
+        named = free_leaves(a.index)
+        if others * prod(trips(lp) for lp in a.loops if lp.var not in named) < PACK_MIN_REUSE:
             continue
         found = box(a, j, j_extent, nest)
         if found is not None:

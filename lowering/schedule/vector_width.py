@@ -10,8 +10,9 @@ neither runs a register tile nor transposes rows (the last tile rule,
 * a body applying exp, log, tanh... takes several vectors per step, as many
   chains as the register file holds (``Blocking.math_chains``) when a value
   passes through two such functions in turn, half as many through one
-  (:func:`chained_lanes`: dependency chains side by side); the stages of a
-  scan's step keep one vector.
+  or a reduction re-reading data from cache (:func:`chained_lanes`:
+  dependency chains side by side); the stages of a scan's step keep one
+  vector.
 
 Rows transposed in registers (``gather_blocks.py``, ``lane_reduction.py``)
 take lanes covering a cache line (:func:`transposed_lanes`)."""
@@ -26,7 +27,7 @@ from te_autodiff.expr import Const, Unary, Var
 from te_autodiff.visit import topo_order
 
 from ..fast_math import BODIES
-from ..loop_ir import Alloc, Assign, Block, For, children, stmt_exprs, stride, walk
+from ..loop_ir import Alloc, Assign, Block, For, children, free_leaves, stmt_exprs, stride, walk
 from .blocking import Blocking
 
 TRANSPOSE_BODY = 4      # statements at most in a body the code generator emits once per lane
@@ -89,12 +90,15 @@ def transposed_lanes(lanes: int, accesses, v: Var, inner: For | None, body, bl: 
     return wide if isinstance(inner.extent, Const) and inner.extent.value % wide == 0 else None
 
 
-def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
+def chained_lanes(lanes: int, body, extent: int, bl: Blocking, cached: bool = False) -> int:
     """The lanes of one step of a vector loop of ``extent`` iterations over
     ``body``: ``bl.math_chains`` vectors (the chains the register file
     holds) when a value of ``body`` passes through two functions of
     ``fast_math.py`` in turn (:func:`math_depth`), half as many when through
-    one, and one vector otherwise (or when the loop is shorter than that).
+    one or when each element's reduction re-reads ``cached`` data (each
+    element a chain of dependent steps that memory does not pace:
+    :func:`cached_in_loops`), and one vector otherwise (or when the loop is
+    shorter than that).
 
     Such a function is a chain of ~25 dependent instructions; a body applying
     three of them is ~180 instructions per vector, so the out-of-order window
@@ -105,7 +109,7 @@ def chained_lanes(lanes: int, body, extent: int, bl: Blocking) -> int:
     slower when measured (the softmax cross-entropy's one exp).  A scan's
     step stages keep one vector (``Blocking.math_chains`` is 1 there): their
     slices are small, and wider steps cost more build time than they save."""
-    depth = min(math_depth(body), 2)
+    depth = min(math_depth(body), 2) or int(cached)
     chained = lanes * max(1, bl.math_chains >> (2 - depth)) if depth else lanes
     return chained if extent >= chained else lanes
 
@@ -124,6 +128,14 @@ def math_depth(body) -> int:
     return max(depth.values(), default=0)
 
 
+def cached_in_loops(accesses, v: Var) -> bool:
+    """Whether a load along the vector axis ``v`` stays put while one of the
+    reduction loops around it runs (``P[e, i]`` in ``min_j Σ_e (C[j, e] -
+    P[e, i])²``, read again from L1 for every ``j``)."""
+    return any(not a.store and stride(a.index, v) != 0 and any(lp.var not in free_leaves(a.index) for lp in a.loops)
+               for a in accesses)
+
+
 def decide(plan, bl: Blocking):
     """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with the
     lanes of a vector loop that is neither a register tile's nor transposes
@@ -131,4 +143,5 @@ def decide(plan, bl: Blocking):
     if plan.i is not None or plan.transpose:
         return plan
     lanes = uncrowded_lanes(plan.lanes, plan.accesses, plan.j, bl)
-    return replace(plan, lanes=chained_lanes(lanes, plan.body, plan.j_extent, bl))
+    cached = cached_in_loops(plan.accesses, plan.j)
+    return replace(plan, lanes=chained_lanes(lanes, plan.body, plan.j_extent, bl, cached))
