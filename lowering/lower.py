@@ -38,6 +38,11 @@ transcendental)                              reduction of its reader
 elementwise, evaluated once per element      inlined
 (one read site, no broadcast) outside any
 reduction of its reader
+elementwise in a scan's step, no             inlined unless read inside a
+transcendental (an RK4 stage ``k2`` read     reduction: each stored tensor of a
+at ``i`` and ``i - 1``)                      step is a pass over memory (and a
+                                             barrier across threads) at every
+                                             step
 anything else: transcendental chains read    buffer
 by several readers, non-trivial values read
 inside a reduction (a GEMM-like gradient
@@ -235,12 +240,13 @@ def _work(t, inlined_work: dict) -> float:
 
 
 class Plan:
-    """Where each compute tensor of a shared program is computed (the rule of
-    the module doc): ``inlined`` (elementwise, recomputed at every read),
-    ``in_place`` (a lifted reduction evaluated where its one reader reads it),
-    everything else ``stored``, in producer-first order."""
+    """Where each compute tensor of a shared program (or, ``step``, of a
+    scan's step) is computed (the rule of the module doc): ``inlined``
+    (elementwise, recomputed at every read), ``in_place`` (a lifted
+    reduction evaluated where its one reader reads it), everything else
+    ``stored``, in producer-first order."""
 
-    def __init__(self, graph, outputs, store=(), recompute=(), parts=()):
+    def __init__(self, graph, outputs, store=(), recompute=(), parts=(), step=False):
         self.outputs = set(outputs)
         computes = [t for t in graph if not t.is_placeholder]
         nodes = {t: topo_order([t.body]) for t in computes}
@@ -270,7 +276,7 @@ class Plan:
             elif t in elementwise:
                 w = self.work[t]
                 padding = red_reads.get(t, 0) >= PAD_STORE_READS * math.prod(t.shape) and _position_test(t)
-                cheap = w <= TRIVIAL_WORK or (w <= CHEAP_WORK and not red) or once
+                cheap = w <= TRIVIAL_WORK or (w <= CHEAP_WORK or step and w < math.inf) and not red or once
                 if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
             elif t in parts and once and fits and t not in apart:
@@ -801,7 +807,7 @@ def _scan_stages(op, ctx, store=frozenset(), recompute=frozenset()) -> list:
     kept = {chain[op.outputs[y.body.which]]: buf for y, buf in ctx.buffers.items()    # read by a gradient
             if isinstance(y, Tensor) and _is_scan(y) and y.body.scan is op and y.body.which >= len(op.state)}
     plan = Plan(list(chain.values()), updates, store={chain[c] for c in op.chain if c in store} | set(kept),
-                recompute={chain[c] for c in op.chain if c in recompute})
+                recompute={chain[c] for c in op.chain if c in recompute}, step=True)
     given = {**kept, **{u: ctx.buffers[y] for u, y in zip(updates, op.results)}}
     own = _buffers((), [c for c in plan.stored if c not in given], (), {b.name for b in ctx.buffers.values()})
     inner = _Context({**ctx.buffers, **own, **given}, _Nested(plan, ctx.plan), ctx.checks)

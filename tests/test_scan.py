@@ -404,6 +404,38 @@ def test_store_and_recompute_choose_for_the_step(rng):
         te.build([X], [Y], recompute=[upd])
 
 
+
+
+@pytest.mark.parametrize("math", [False, True])
+def test_a_step_recomputes_its_arithmetic_intermediates(rng, math):
+    """A step's elementwise intermediate read at two points (an RK4 stage
+    read at ``i`` and ``i - 1``), more work than the program-wide cheap
+    bound, is recomputed where it is read: one stage per step instead of a
+    pass over memory (and a barrier) each; one applying a transcendental
+    function stays a stage.  The values match a numpy loop."""
+    T, n = 7, 40
+    X = te.placeholder((n,), F64, name="X")
+    S = te.placeholder((T, n), F64, name="S")
+    init = te.compute((1, n), lambda _, i: X[i], name="init")
+
+    def g(t, i):
+        v = S[t - 1, i] * X[i] * 0.25 + X[i] * X[i] - S[t - 1, i] * 0.5
+        return te.tanh(v) if math else v
+    mid = te.compute((T, n), lambda t, i: g(t, i), name="mid")
+    upd = te.compute((T, n), lambda t, i: S[t - 1, i] + 0.1 * (mid[t, i] + te.if_then_else(i > 0, mid[t, i - 1], 0.0)),
+                     name="upd")
+    Y = te.scan(init, upd, S, inputs=[X], name="Y")
+    kernel = te.build([X], [Y])
+    in_step = {st.name.split(".")[0] for st in kernel.program.stages if st.step is not None}
+    assert in_step == ({"mid", "Y"} if math else {"Y"})          # the update writes the state Y
+    x = normal(rng, n, scale=1.0)
+    want = [x]
+    for _ in range(1, T):
+        s = want[-1]
+        m = s * x * 0.25 + x * x - s * 0.5
+        m = np.tanh(m) if math else m
+        want.append(s + 0.1 * (m + np.concatenate([[0.0], m[:-1]])))
+    np.testing.assert_allclose(kernel(x), np.stack(want), rtol=1e-13)
 @pytest.mark.aarch64
 def test_threads_give_the_same_bits():
     code = ("import numpy as np, te_autodiff as te\n"
