@@ -70,7 +70,6 @@ class _Ops:
 
     float_type, int_type = F32, I32      # the float and the integers of its width
     mantissa_bits, bias = 23, 127
-    scalef_lanes = 16                    # one AVX-512 vector
     exp_ln2 = (0.693359375, -2.12194440e-4)     # ln2 = hi + lo, n hi exact for the n of exp
     expm1_poly = _EXPM1_POLY
     exp_normal = 86.5                    # |x| below it: e^x normal, n in [-125, 125]
@@ -79,8 +78,8 @@ class _Ops:
     def __init__(self, fe, like):
         self.fe, self.b = fe, fe.b
         self.n = like.type.count if isinstance(like.type, ir.VectorType) else None
-        self.scalef = (fe.target.scale_intrinsic(self.float_type == F32)     # vscalefps / pd, a vector at a time
-                       if self.n and self.n % self.scalef_lanes == 0 else None)
+        scale = fe.target.scale_intrinsic(self.float_type == F32)       # (name, lanes a call scales)
+        self.scalef, self.scalef_lanes = scale if scale and self.n and self.n % scale[1] == 0 else (None, None)
 
     def t(self, scalar):
         return scalar if self.n is None else ir.VectorType(scalar, self.n)
@@ -319,7 +318,7 @@ def expm1_f32(fe, x):
     from :func:`_exp_reduce`; below -17.5 it rounds to -1."""
     o = _Ops(fe, x)
     _, n, r, h = _exp_reduce(o, o.call("llvm.minimum", o.call("llvm.maximum", x, o.f(-17.5)), o.f(88.8)))
-    return _expm1_scaled(o, x, n, o.mul(r, h), o.pow2)
+    return _expm1_scaled(o, x, n, o.mul(r, h))
 
 
 def log10_f32(fe, x):
@@ -461,7 +460,6 @@ I64 = ir.IntType(64)
 class _Ops64(_Ops):
     float_type, int_type = F64, I64
     mantissa_bits, bias = 52, 1023
-    scalef_lanes = 8
     SPLIT = 134217729.0             # 2^27 + 1, for 53-bit significands
     exp_ln2 = (6.93147180369123816490e-01, 1.90821492927058770002e-10)   # fdlibm's: hi has 32 bits
     expm1_poly = _EXPM1_POLY_F64
@@ -566,12 +564,12 @@ def _exp_parts_f64(o, x, lo_clamp, hi_clamp):
     return n, hi, o.sub(lo, o.div(o.mul(r, c), o.sub(o.f(2.0), c)))
 
 
-def _expm1_scaled(o, x, n, p, pow2):
+def _expm1_scaled(o, x, n, p):
     """``e^x - 1 = 2^n (1 + p) - 1 = 2 (h p + (h - 1/2))``, ``h = 2^(n-1)``
-    (``pow2``, a normal float): one rounding but ``h - 1/2``'s, exact below
+    (a normal float): one rounding but ``h - 1/2``'s, exact below
     ``n = 25`` (float32) or 54 (float64), and no overflow before the result's.
     Zeros keep their sign and NaN passes."""
-    h = pow2(o.b.sub(o.b.fptosi(n, o.t(o.int_type)), o.i(1)))
+    h = o.pow2(o.b.sub(o.b.fptosi(n, o.t(o.int_type)), o.i(1)))
     y = o.mul(o.add(o.mul(h, p), o.sub(h, o.f(0.5))), o.f(2.0))
     y = o.b.select(o.eq(x, o.f(0.0)), x, y)
     return o.b.select(o.isnan(x), x, y)
@@ -582,8 +580,7 @@ def expm1_f64(fe, x):
     :func:`_exp_parts_f64`; below -40 it rounds to -1."""
     o = _Ops64(fe, x)
     n, hi, low = _exp_parts_f64(o, x, -40.0, 710.0)
-    return _expm1_scaled(o, x, n, o.sub(hi, low),
-                         lambda k: o.b.bitcast(o.b.shl(o.b.add(k, o.i(1023)), o.i(52)), o.t(F64)))
+    return _expm1_scaled(o, x, n, o.sub(hi, low))
 
 
 # 2^f = 1 + f P(f) on |f| <= 1/2, P fitted to (2^f - 1) / f (0.16 ulp)

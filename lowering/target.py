@@ -155,12 +155,13 @@ class Target:
         block.  x86-64 keeps RuntimeDyld, which te's kernels have always run with."""
         return self.arch == "aarch64"
 
-    def scale_intrinsic(self, single: bool) -> str | None:
-        """AVX-512's ``vscalefps`` on 16 float32 (``single``) or ``vscalefpd``
-        on 8 float64 (``p 2^n`` in one rounding), if the target has it."""
+    def scale_intrinsic(self, single: bool) -> tuple[str, int] | None:
+        """``(intrinsic, lanes)`` of AVX-512's ``vscalefps`` on 16 float32
+        (``single``) or ``vscalefpd`` on 8 float64 (``p 2^n`` in one
+        rounding), if the target has it."""
         if "avx512f" not in self.features:
             return None
-        return f"llvm.x86.avx512.mask.scalef.{'ps' if single else 'pd'}.512"
+        return f"llvm.x86.avx512.mask.scalef.{'ps' if single else 'pd'}.512", 16 if single else 8
 
     @property
     def shuffle_chunk_bytes(self) -> int:
