@@ -55,6 +55,7 @@ from te_autodiff.visit import topo_order
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program, free_leaves,
                       Simd, Stage, Store, children, linear_form, loads_in, map_stmt, rename, simplify_index,
                       stmt_exprs, substitute, walk)
+from .schedule.nest import accumulation
 
 
 @dataclass
@@ -444,10 +445,10 @@ def _contraction(body, outputs: set) -> bool:
         return out
 
     for x in walk(body):
-        if not (isinstance(x, Assign) and isinstance(x.value, BinOp) and x.value.op == "add"):
+        combined = accumulation(x) if isinstance(x, Assign) else None
+        if combined is None or combined[0] != "add":
             continue
-        term = x.value.b if x.value.a is x.local else x.value.a
-        term = lets.get(term, term)
+        term = lets.get(combined[1], combined[1])
         if isinstance(term, BinOp) and term.op == "mul":
             a, b = reads(term.a), reads(term.b)
             if not a <= b and not b <= a:

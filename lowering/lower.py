@@ -276,7 +276,8 @@ class Plan:
             elif t in elementwise:
                 w = self.work[t]
                 padding = red_reads.get(t, 0) >= PAD_STORE_READS * math.prod(t.shape) and _position_test(t)
-                cheap = w <= TRIVIAL_WORK or (w <= CHEAP_WORK or step and w < math.inf) and not red or once
+                arithmetic = w < math.inf if step else w <= CHEAP_WORK     # a step: any work but a function's
+                cheap = w <= TRIVIAL_WORK or (arithmetic and not red) or once
                 if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
             elif t in parts and once and fits and t not in apart:
