@@ -35,8 +35,11 @@ scan is a scan like any other, so it can be differentiated again.
 """
 from __future__ import annotations
 
+import math
+
 from . import dtype as dt
-from .expr import Const, Load, Reduce, ScanState, all_, const, select, var
+from .expr import (BinOp, Const, InverseIndex, Load, MatchSum, Reduce, ScanState, Select, all_, const, is_const,
+                   select, var)
 from .gradient import gradient, register_adjoint
 from .graph import tensors_in_order
 from .sharing import canonical_body
@@ -243,14 +246,19 @@ def _depends(order, sources) -> set:
     return out - set(sources)
 
 
-def _rebuilt(t: Tensor, loads: dict, axis0=None):
-    """``t``'s body with each read of a tensor in ``loads`` replaced by
-    ``loads[tensor](indices)``, and its first axis by ``axis0`` (if given)."""
+def _reread(e, loads: dict):
+    """``e`` with each read of a tensor in ``loads`` replaced by ``loads[tensor](indices)``."""
     def fix(node, rebuilt):
         if isinstance(node, Load) and node.tensor in loads:
             return loads[node.tensor](rebuilt.indices)
         return None
-    body = rewrite([t.body], fix)[0]
+    return rewrite([e], fix)[0]
+
+
+def _rebuilt(t: Tensor, loads: dict, axis0=None):
+    """``t``'s body read through ``loads`` (:func:`_reread`), its first axis
+    replaced by ``axis0`` (if given)."""
+    body = _reread(t.body, loads)
     return body if axis0 is None else substitute(body, {t.axes[0]: axis0})
 
 
@@ -272,7 +280,7 @@ class _Adjoint:
     def __init__(self, op: ScanOp, heads, optimize: bool, kept_heads=None):
         self.op, self.heads = op, list(heads)
         T, k, kept_heads = op.steps, op.k, kept_heads or {}
-        self.grads = {}
+        self.grads, self.carried = {}, {}
         if T == k:              # no update step: the result is the initial values
             self.rev = None
             return
@@ -348,14 +356,25 @@ class _Adjoint:
         update = [compute(s.shape, lambda u, *i, g=g, d=back[d]: g[((T - 1) - u,) + i] + d[(u,) + i],
                           name=f"{g.name}.step")
                   for s, g, d in zip(op.state, self.heads, dS)]
-        # the step's adjoints that the gradients of the external tensors read
-        # (the adjoint of a pre-activation, read by a weight's gradient) are
-        # kept: extra states of the reverse scan, each its own update
+        # an external whose every step adds an element-wise term is summed as
+        # the reverse scan runs: an extra state, its own running total
+        for x in op.reads:
+            term = self._step_term(x, back, loads) if x in self.grads else None
+            if term is not None:
+                acc = placeholder((T,) + x.shape, x.dtype, f"d{x.name}.acc")
+                init.append(compute((1,) + x.shape, lambda *_, x=x: const(0, x.dtype), name=f"d{x.name}.none"))
+                update.append(compute(acc.shape, lambda u, *i, acc=acc, term=term: acc[(u - 1,) + i] + term(u, i),
+                                      name=f"d{x.name}.sum"))
+                P.append(acc)
+                self.carried[x] = len(P) - 1
+        # the step's adjoints that the gradients of the other external tensors
+        # read (the adjoint of a pre-activation, read by a weight's gradient)
+        # are kept: extra states of the reverse scan, each its own update
         # (an outside adjoint equal to one of the step's, such as the two
         # summands of a pre-activation, is read from it too)
         same = {(t.shape, t.dtype, canonical_body(t)): t for t in back if t not in dS}
         self.alias, outside = {}, []
-        for t in tensors_in_order([self.grads[x] for x in self.grads if x not in op.state]):
+        for t in tensors_in_order([self.grads[x] for x in self.grads if x not in op.state and x not in self.carried]):
             if t in back:
                 continue
             twin = same.get((t.shape, t.dtype, canonical_body(t))) if t in self.hdep else None
@@ -375,9 +394,79 @@ class _Adjoint:
             raise NotImplementedError(f"te.gradient through scan '{op.name}': the adjoint of one step is not "
                                       f"the step of a reverse scan ({e}); te.gradient(..., optimize=False) "
                                       "does not go through scans") from e
-        self.kept = dict(zip(self.saved, results[len(op.state):]))
+        self.kept = dict(zip(self.saved, results[len(op.state) + len(self.carried):]))
         self.kept.update({t: self.kept[twin] for t, twin in self.alias.items() if twin in self.kept})
+        self.carried = {x: results[n] for x, n in self.carried.items()}
         return list(results[:len(op.state)])
+
+    def _step_term(self, x: Tensor, back: dict, loads: dict):
+        """``(u, i) -> `` what reverse step ``u`` adds to the adjoint of
+        external ``x`` at ``i``, or None when its gradient is not a sum over
+        the steps of element-wise terms.  Its gradient is linear in the
+        step's adjoints (``back``): sums, selects on ``i`` and factors that
+        do not read them, around terms that read them at one restricted step
+        ``t'``, in a sum over ``t'`` alone or at a constant ``t'`` (a sum of
+        one step, folded).  Carried, a term costs one pass over ``x`` per step
+        instead of keeping what it reads for a reduction over time after the
+        scan; so only an ``x`` no larger than a step's slice of what it reads
+        is carried (a weight's outer product per step is not)."""
+        g = self.grads[x]
+        while isinstance(g.body, Load) and g.body.indices == g.axes and g.body.tensor.shape == g.shape:
+            g = g.body.tensor
+        if g not in self.hdep:
+            return None
+        T, k = self.op.steps, self.op.k
+        slices = [0]
+
+        def reads(e):
+            return [n for n in topo_order([e]) if isinstance(n, (Reduce, InverseIndex, MatchSum))
+                    or isinstance(n, Load) and n.tensor in self.hdep]
+
+        def at_step(e, r, lo, ext):
+            """``e`` (reading the step's adjoints at ``r`` only), at step ``tp``."""
+            found = reads(e)
+            if not found or any(not isinstance(n, Load) or n.tensor not in back or n.indices[0] is not r
+                                for n in found):
+                return None
+            slices.append(max(math.prod(n.tensor.shape[1:]) for n in found))
+            return lambda tp: select(all_(tp >= lo, tp < lo + ext), substitute(e, {r: tp}), const(0, e.dtype))
+
+        def per_step(e):
+            """``tp -> `` the share of step ``tp`` in ``e``, or None."""
+            if not reads(e):
+                return (lambda tp: e) if is_const(e, 0) else None
+            if isinstance(e, BinOp) and e.op == "mul" and not (reads(e.a) and reads(e.b)):
+                factor, other = (e.a, e.b) if not reads(e.a) else (e.b, e.a)
+                part = per_step(other)
+                return None if part is None else lambda tp: factor * part(tp)
+            if isinstance(e, BinOp) and e.op in ("add", "sub"):
+                a, b = per_step(e.a), per_step(e.b)
+                if a is None or b is None:
+                    return None
+                return (lambda tp: a(tp) + b(tp)) if e.op == "add" else (lambda tp: a(tp) - b(tp))
+            if isinstance(e, Select) and not reads(e.cond):
+                a, b = per_step(e.a), per_step(e.b)
+                return None if a is None or b is None else lambda tp: select(e.cond, a(tp), b(tp))
+            if isinstance(e, Reduce):
+                return at_step(e.body, e.axes[0], *e.doms[0]) if e.op == "sum" and len(e.axes) == 1 else None
+            times = {n.indices[0] for n in reads(e) if isinstance(n, Load)}
+            if len(times) != 1 or not isinstance(next(iter(times)), Const):
+                return None
+            c = next(iter(times))           # one step, at a constant: read it at the step it is added
+            r = var("t", (0, T - k))
+            moved = rewrite([e], lambda n, new: Load(n.tensor, (r,) + new.indices[1:])
+                            if isinstance(n, Load) and n.tensor in back else None)[0]
+            return at_step(moved, r, c, const(1, dt.INDEX))
+
+        share = per_step(g.body)
+        if share is None or math.prod(x.shape) > max(slices):
+            return None
+
+        def term(u, i):
+            tp = (T - k) - u
+            body = substitute(share(tp), dict(zip(g.axes, i)))
+            return select(all_(u >= 1, u <= T - k), _reread(body, loads), const(0, g.dtype))
+        return term
 
     def _outside(self, g: Tensor) -> Tensor:
         """Gradient-graph tensor ``g`` reading the reverse scan's results for ``H``."""
@@ -409,7 +498,9 @@ class _Adjoint:
             if i is x:              # λ[t] for t < k
                 at = (lambda t: (T - 1) - t) if self.rev else (lambda t: t)
                 parts.append(compute(x.shape, lambda t, *j, r=r, at=at: r[(at(t),) + j], name=f"d{x.name}"))
-        if x in self.grads:
+        if x in self.carried:
+            parts.append(compute(x.shape, lambda *j, r=self.carried[x]: r[(self.op.steps - 1,) + j], name=f"d{x.name}"))
+        elif x in self.grads:
             parts.append(self._outside(self.grads[x]))
         if len(parts) < 2:
             return parts[0] if parts else None

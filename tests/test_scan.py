@@ -239,6 +239,53 @@ def test_lstm_gradient_finite_differences_both_states(rng):
     te.check_gradient(L, ins + [Hd], [normal(rng, *x.shape) for x in ins + [Hd]])
 
 
+def neighbours(T, n):
+    """S[t, i] = a_i S[t-1, i] + b_i S[t-1, i-1] (i > 0) + X[t, i], from S[0] = X[0]."""
+    X = te.placeholder((T, n), F64, name="X")
+    a, b = te.placeholder((n,), F64, name="a"), te.placeholder((n,), F64, name="b")
+    S = te.placeholder((T, n), F64, name="S")
+    init = te.compute((1, n), lambda t, i: X[t, i], name="init")
+    upd = te.compute((T, n), lambda t, i: a[i] * S[t - 1, i] + te.if_then_else(i > 0, b[i] * S[t - 1, i - 1], 0.0)
+                     + X[t, i], name="upd")
+    return [X, a, b], te.scan(init, upd, S, inputs=[X], name="Y")
+
+
+@pytest.mark.aarch64
+def test_an_elementwise_weight_is_summed_as_the_reverse_scan_runs(rng):
+    """Weights each step reads element by element (a_i, b_i) get their
+    gradient as a running sum, a state of the reverse scan (``da.acc``),
+    rather than from adjoints it keeps for every step; a matrix read
+    through a sum (elman's W) keeps its sum over time after the scan.
+    Values: numpy's adjoint recurrence written by hand, and finite
+    differences."""
+    T, n = 9, 7
+    (X, a, b), Y = neighbours(T, n)
+    v = te.placeholder((n,), F64, name="v")
+    i = te.reduce_axis(n, "i")
+    loss = te.compute((1,), lambda _: te.sum(Y[T - 1, i] * v[i], axis=i), name="loss")
+    da, db = te.gradient(loss, [a, b])
+    text = te.pretty(da)
+    assert "state Y.back.da.acc" in text and "state Y.back.db.acc" in te.pretty(db)
+    xs, av, bv, vv = normal(rng, T, n), normal(rng, n), normal(rng, n), normal(rng, n)
+    got_a, got_b = run([X, a, b, v], [da, db], [xs, av, bv, vv])
+    S = np.zeros((T, n))
+    S[0] = xs[0]
+    for t in range(1, T):
+        S[t] = av * S[t - 1] + xs[t]
+        S[t, 1:] += bv[1:] * S[t - 1, :-1]
+    lam, want_a, want_b = vv.copy(), np.zeros(n), np.zeros(n)
+    for t in range(T - 1, 0, -1):           # lam = d loss / d S[t]
+        want_a += lam * S[t - 1]
+        want_b[1:] += lam[1:] * S[t - 1, :-1]
+        lam = av * lam + np.append(bv[1:] * lam[1:], 0.0)
+    np.testing.assert_allclose(got_a, want_a, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-12, atol=1e-12)
+    te.check_gradient(loss, [X, a, b, v], [xs, av, bv, vv])
+    ins, H = elman(6, 2, 4, 3)
+    dW, = te.gradient(H, [ins[1]])
+    assert "dW.acc" not in te.pretty(dW)
+
+
 @pytest.mark.aarch64
 def test_readout_of_the_last_state_gradient(rng):
     """A loss on the last state only, through a read-out: the weight gradients
