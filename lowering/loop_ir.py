@@ -373,11 +373,10 @@ def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind, store=_sto
 
 
 
-def loads_in(exprs, visited: set, kinds=(BufLoad, GuardedLoad)):
-    """The buffer reads (:class:`BufLoad`, :class:`GuardedLoad`; other
-    ``kinds`` of node that name a buffer) inside ``exprs``, depth first,
-    skipping nodes in ``visited`` (which it extends: pass one set to visit
-    a shared sub-expression once across calls)."""
+def nodes_in(exprs, visited: set, kinds):
+    """The nodes of the ``kinds`` inside ``exprs``, depth first, skipping
+    nodes in ``visited`` (which it extends: pass one set to visit a shared
+    sub-expression once across calls)."""
     stack = list(exprs)
     while stack:
         e = stack.pop()
@@ -387,6 +386,12 @@ def loads_in(exprs, visited: set, kinds=(BufLoad, GuardedLoad)):
         if isinstance(e, kinds):
             yield e
         stack += children(e)
+
+
+def loads_in(exprs, visited: set, kinds=(BufLoad, GuardedLoad)):
+    """The buffer reads (:class:`BufLoad`, :class:`GuardedLoad`; other
+    ``kinds`` of node that name a buffer) inside ``exprs``: :func:`nodes_in`."""
+    return nodes_in(exprs, visited, kinds)
 
 
 def stage_buffers(stage: Stage):

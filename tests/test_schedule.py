@@ -1082,6 +1082,28 @@ def test_interior_split_only_where_it_removes_tests_from_most_of_the_loop(rng):
         np.testing.assert_allclose(kernel(a), numpy(a).astype(np.float32), rtol=1e-6, atol=1e-6)
 
 
+def test_a_first_element_case_is_decided_false_on_the_interior(rng):
+    """``y[i] = x[i] * x[i - 1]`` for ``i > 0``, ``x[0]`` at ``i = 0``: its
+    gradient tests ``j >= 1`` around one term and ``j <= 0`` around the other
+    (in selects and around reads); on the interior the first holds and the
+    second fails, so the interior stage runs neither, and the values match
+    numpy's."""
+    n = 1000
+    x, H = te.placeholder((n,), "float64", "x"), te.placeholder((n,), "float64", "H")
+    y = te.compute((n,), lambda i: te.if_then_else(i > 0, x[i] * x[i - 1], x[i]), name="y")
+    (dx,) = te.gradient(y, [x], head=H)
+    kernel = te.build([x, H], [dx])
+    assert "dx.interior" in _interior_stages(kernel, "dx")
+    interior = next(stmt_text(st.body) for st in kernel.program.stages if st.name == "dx.interior")
+    assert " if " not in interior and "select(" not in interior
+    a, h = rng.standard_normal(n), rng.standard_normal(n)
+    want = h.copy()
+    want[0], want[1:] = 0.0, h[1:] * a[:-1]
+    want[0] += h[0]
+    want[:-1] += h[1:] * a[1:]
+    np.testing.assert_allclose(kernel(a, h), want, rtol=1e-12, atol=1e-12)
+
+
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(4, 700), taps=st.dictionaries(st.integers(-4, 4), st.sampled_from([0.5, -1.25, 2.0]),
                                                     min_size=1, max_size=4),

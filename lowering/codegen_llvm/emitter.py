@@ -15,7 +15,7 @@ from te_autodiff.visit import topo_order
 
 from ..fast_math import BODIES
 from ..loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
-                       Simd, Stage, Store, children, free_leaves, simplify_index, stage_buffers, stmt_exprs,
+                       Simd, Stage, Store, children, free_leaves, nodes_in, simplify_index, stage_buffers, stmt_exprs,
                        stride, substitute, walk)
 from ..target import Target
 from .llvm_types import (FAST, I1, I8, I32, I64, ITEMSIZE, MEMORY_TYPE, ORDERED, PTR, VALUE_TYPE, distinct_md,
@@ -70,16 +70,9 @@ def ordered_nodes(body) -> set:
             defs.setdefault(s.local, []).append(s.init)
         elif isinstance(s, Assign):
             defs.setdefault(s.local, []).append(s.value)
-        stack = list(stmt_exprs(s))
-        while stack:
-            e = stack.pop()
-            if e in visited:
-                continue
-            visited.add(e)
-            if isinstance(e, Cmp) and dt.is_float(e.a.dtype) or (
-                    isinstance(e, (BinOp, LaneReduce)) and e.op in ("max", "min") and dt.is_float(e.dtype)):
-                roots.append(e)
-            stack += children(e)
+        roots += [e for e in nodes_in(stmt_exprs(s), visited, (Cmp, BinOp, LaneReduce))
+                  if isinstance(e, Cmp) and dt.is_float(e.a.dtype) or (
+                      not isinstance(e, Cmp) and e.op in ("max", "min") and dt.is_float(e.dtype))]
     seen, stack = set(), roots
     while stack:
         e = stack.pop()

@@ -1,7 +1,8 @@
 """Interior split: in a stage whose element body runs no loop, tests that
-read the innermost output loop ``j`` and hold on an interior range of it (a
-stencil's gradient tests ``j >= 2`` and ``j <= n - 3`` around its reads)
-split the stage into three stages over ``j``: border, interior without the
+read the innermost output loop ``j`` and are decided on an interior range
+of it (a stencil's gradient tests ``j >= 2`` and ``j <= n - 3`` around its
+reads, true there; a first element's case ``j <= 0``, false there) split
+the stage into three stages over ``j``: border, interior without the
 tests, border, each scheduled from the first rule.  The interior's ends are
 on aligned boundaries (whole vectors from an aligned start).  Run as one
 stage, every vector of the loop computes its tests and reads under masks
@@ -22,7 +23,8 @@ from .nest import Nest
 
 @dataclass(frozen=True)
 class Interior:
-    """The tests ``tests`` hold on ``lo <= j < hi`` of the innermost output loop."""
+    """On ``lo <= j < hi`` of the innermost output loop each test term of
+    ``tests`` (pairs ``(term, value)``) has its value."""
 
     lo: int
     hi: int
@@ -38,7 +40,7 @@ def decide(nest: Nest, out: Buffer, target: Target):
     j, extent = nest.vars[-1], nest.extents[-1]
     if any(isinstance(s, For) for s in walk(nest.body)):
         return None
-    found = interior(nest.body, j, {})
+    found = interior(nest.body, j, extent, {})
     if found is None or not found[2]:
         return None
     lo = -(-max(found[0], 0) // align) * align

@@ -55,7 +55,7 @@ def gemm_rows(nest: Nest, body, j: Var, accesses, inner: dict, bl: Blocking):
         score = sum(a.weight for a in reads if stride(a.index, v) == 0 and stride(a.index, j) != 0)
         moves = [stride(a.index, v) for a in reads if stride(a.index, j) == 0 and stride(a.index, v) != 0]
         spread = max((float("inf") if m is None else abs(m) for m in moves), default=0)
-        key = (score, interior(body, v, inner) is not None, min(n, bl.tile_rows), -spread)
+        key = (score, interior(body, v, n, inner) is not None, min(n, bl.tile_rows), -spread)
         if score > 0 and (best_key is None or key > best_key):
             best, best_key = v, key
     return best

@@ -1,6 +1,6 @@
 """Row peeling: tests that read the row variable ``i`` of a register tile
-(padding, ``0 <= i + d - 2 < H`` for every tap ``d``) hold on an interior
-range of ``i`` (``interior.py``): the row range is cut into border,
+(padding, ``0 <= i + d - 2 < H`` for every tap ``d``) are decided on an
+interior range of ``i`` (``interior.py``): the row range is cut into border,
 interior (whole tiles, without those tests) and border.  A test on the row
 would otherwise be repeated for each row of a tile.  The peeled row ranges
 are sibling loops, so another output loop must be the parallel root: the
@@ -17,7 +17,8 @@ from .nest import Nest
 
 @dataclass(frozen=True)
 class Peel:
-    """On rows ``lo <= i < hi`` (whole tiles) the test terms ``tests`` always hold."""
+    """On rows ``lo <= i < hi`` (whole tiles) each test term of ``tests``
+    (pairs ``(term, value)``) always has its value."""
 
     lo: int
     hi: int
@@ -28,7 +29,7 @@ def _peel(extent: int, mr: int, body, i: Var, inner: dict):
     """The :class:`Peel` of ``extent`` rows in tiles of ``mr`` whose tests in
     ``body`` read ``i`` (``inner``: the ranges of the loops inside); None when
     there is no interior of a full tile."""
-    found = interior(body, i, inner)
+    found = interior(body, i, extent, inner)
     if found is None or not found[2]:
         return None
     lo, hi = max(found[0], 0), min(found[1], extent)
