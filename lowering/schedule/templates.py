@@ -23,8 +23,9 @@ def instances(template: Stage, derived: list, made: list, members: list, temps: 
         names = {canon.name: buf.name for canon, (buf, _) in zip(slots, member.slots)}
         names[template.name] = member.stage.name
 
-        def named(name):                 # a stage or buffer name, then ".suffix" or "%m=rho"
-            head = re.split(r"[.%]", name, maxsplit=1)[0]
+        def named(name):                 # a stage or buffer name (the longest), then ".suffix" or "%m=rho"
+            heads = [h for h in names if name == h or name.startswith((h + ".", h + "%"))]
+            head = max(heads, key=len) if heads else re.split(r"[.%]", name, maxsplit=1)[0]
             return names.get(head, f"{member.stage.name}.{head}") + name[len(head):]
 
         own = {t: temps.new(named(t.name), t.shape, t.dtype) for t in made}
