@@ -54,12 +54,14 @@ Inlining (trivial, cheap or once per element) happens only while the stage
 the tensor lands in stays within ``STAGE_BUDGET`` expression nodes; past it
 the producer is stored (LLVM's compile time grows faster than linearly with
 the size of one loop body, so a long chain becomes several stages, each
-compiled fast).  A lifted reduction is computed in place under the same
-budget, counting ``LOOP_NEST_NODES`` for its loop nest, and the reductions
-lifted out of one tensor are in place all or none: the gradient of a weight
-shared by the T steps of an unrolled recurrence is a sum of T reductions,
-and past the budget they are all stored, each a stage of one template
-(``share.py``).
+compiled fast).  A stage holds one copy of a tensor per distinct position
+it is read at (reads at one position are one expression), and the part of
+a copy that does not depend on where the copies differ is shared.  A lifted
+reduction is computed in place under the same budget, counting
+``LOOP_NEST_NODES`` for its loop nest, and the reductions lifted out of one
+tensor are in place all or none: the gradient of a weight shared by the T
+steps of an unrolled recurrence is a sum of T reductions, and past the
+budget they are all stored, each a stage of one template (``share.py``).
 
 ``te.build(..., store=[T])`` always gives ``T`` a buffer; ``recompute=[T]``
 always inlines it (a reduction or an output cannot be recomputed: that raises
@@ -97,7 +99,7 @@ from te_autodiff.visit import (children, eager_children, free_vars, is_leaf, reb
 from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
 from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (LOOP_NEST_NODES, STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local,
-                      Program, Stage, Store, TimeLoop, children as loop_children)
+                      Program, Stage, Store, TimeLoop, children as loop_children, simplify_index)
 
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
 CHEAP_WORK = 3              # inlined when not read inside a reduction
@@ -161,23 +163,49 @@ def _bodies(t) -> list:
 
 
 def _reads(t) -> dict:
-    """For each tensor ``t`` reads: (number of distinct read sites, any inside a reduction)."""
+    """For each tensor ``t`` reads: (number of distinct read sites, any inside
+    a reduction, any under a condition: in a branch of a select)."""
     out = {}
-    stack, seen = [(b, False) for b in _bodies(t)], set()
+    stack, seen = [(b, False, False) for b in _bodies(t)], set()
     while stack:
-        e, inside = stack.pop()
-        if (e, inside) in seen:
+        e, inside, guarded = stack.pop()
+        if (e, inside, guarded) in seen:
             continue
-        seen.add((e, inside))
+        seen.add((e, inside, guarded))
         if isinstance(e, Load):
-            sites, red = out.get(e.tensor, (set(), False))
+            sites, red, cond = out.get(e.tensor, (set(), False, False))
             sites.add(e)
-            out[e.tensor] = (sites, red or inside)
+            out[e.tensor] = (sites, red or inside, cond or guarded)
         if isinstance(e, Reduce):
-            stack += [(x, inside) for dom in e.doms for x in dom] + [(e.body, True)]
+            stack += [(x, inside, guarded) for dom in e.doms for x in dom] + [(e.body, True, guarded)]
+        elif isinstance(e, Select):
+            stack += [(e.cond, inside, guarded), (e.a, inside, True), (e.b, inside, True)]
         else:
-            stack += [(c, inside) for c in children(e)]
-    return {p: (len(sites), red) for p, (sites, red) in out.items()}
+            stack += [(c, inside, guarded) for c in children(e)]
+    return {p: (len(sites), red, cond) for p, (sites, red, cond) in out.items()}
+
+
+def _positions(load, axes, at) -> set:
+    """The positions ``load`` (in the body of a tensor with ``axes``) reads
+    from each position of ``at`` that tensor is evaluated at."""
+    out = set()
+    for ix in at:
+        mapping = dict(zip(axes, ix))
+        out.add(tuple(simplify_index(e) for e in rewrite(list(load.indices), lambda n, new: mapping.get(n))))
+    return out
+
+
+def _copies_size(t, nodes, at) -> int:
+    """The expression nodes of ``t``'s copies at the positions ``at``: a node
+    that reads no axis on which the positions differ is one node in all of them."""
+    varying = {a for k, a in enumerate(t.axes) if len({ix[k] for ix in at}) > 1}
+    if not varying:
+        return len(nodes)
+    reads = {}
+    for n in nodes:
+        reads[n] = n in varying or any(reads[c] for c in children(n))
+    moving = sum(reads.values())
+    return len(nodes) - moving + moving * len(at)
 
 
 def _reduction_reads(t) -> dict:
@@ -252,6 +280,8 @@ class Plan:
         nodes = {t: topo_order([t.body]) for t in computes}
         size = {t: len(nodes[t]) for t in computes}
         elementwise = {t for t in computes if not _has_reduction(t)}
+        gathers = {t for t in computes if any(isinstance(e, Load) and not all(map(is_index_only, e.indices))
+                                              for e in nodes[t])}
         # producers first: the work of each elementwise tensor, with the
         # producers that are cheap enough to be inlined added per read
         self.work = {}
@@ -262,15 +292,17 @@ class Plan:
                        and (self.work[p] <= CHEAP_WORK or p in recompute)}
                 self.work[t] = _work(t, inl)
         # readers first: how often each tensor is evaluated and whether inside a
-        # reduction; the stages (hosts) its body would be emitted into, how many
-        # copies of it, and the size each stage has reached
-        evals, in_reduce, copies, hosts, stage_size, red_reads = {}, {}, {}, {}, {}, {}
+        # reduction; the stages (hosts) its body would be emitted into, at
+        # which positions (``sites``: a copy per distinct position, as copies
+        # at one position are one expression), and the size each stage has reached
+        evals, in_reduce, guarded, sites, stage_size, red_reads = {}, {}, {}, {}, {}, {}
         self.inlined, self.in_place, apart = set(), set(), set()
         for t in reversed(computes):
             n, red = evals.get(t, 0), in_reduce.get(t, False)
             once = n <= math.prod(t.shape) and not red
-            grown = (size[t] + (LOOP_NEST_NODES if t in parts else 0)) * copies.get(t, 1)
-            fits = all(stage_size[h] + grown <= STAGE_BUDGET for h in hosts.get(t, ()))
+            extra = LOOP_NEST_NODES if t in parts else 0
+            grown = {h: _copies_size(t, nodes[t], at) + extra * len(at) for h, at in sites.get(t, {}).items()}
+            fits = all(stage_size[h] + g <= STAGE_BUDGET for h, g in grown.items())
             if t in self.outputs or t in store:
                 pass
             elif t in elementwise:
@@ -278,16 +310,17 @@ class Plan:
                 padding = red_reads.get(t, 0) >= PAD_STORE_READS * math.prod(t.shape) and _position_test(t)
                 arithmetic = w < math.inf if step else w <= CHEAP_WORK     # a step: any work but a function's
                 cheap = w <= TRIVIAL_WORK or (arithmetic and not red) or once
-                if t in recompute or (fits and not padding and cheap):
+                checked = t in gathers and guarded.get(t, False)      # a checked read: never speculated
+                if t in recompute or (fits and not padding and cheap and not checked):
                     self.inlined.add(t)
             elif t in parts and once and fits and t not in apart:
                 self.in_place.add(t)
             if t in self.inlined or t in self.in_place:
-                mult, where = copies.get(t, 1), hosts.get(t, set())
-                for h in where:
-                    stage_size[h] += grown
+                where = sites.get(t, {})
+                for h, g in grown.items():
+                    stage_size[h] += g
             else:
-                n, red, mult, where = math.prod(t.shape), False, 1, {t}
+                n, red, where = math.prod(t.shape), False, {t: {tuple(t.axes)}}
                 stage_size[t] = size[t]
             # the reductions lifted out of t are computed in place all or none:
             # stored, terms of one structure (the T steps' shares of a shared
@@ -298,11 +331,14 @@ class Plan:
                 apart.update(terms)
             for p, k in _reduction_reads(t).items():
                 red_reads[p] = red_reads.get(p, 0) + n * k
-            for p, (k, inside) in _reads(t).items():
+            for p, (k, inside, cond) in _reads(t).items():
                 evals[p] = evals.get(p, 0) + n * k
                 in_reduce[p] = in_reduce.get(p, False) or inside or red
-                copies[p] = copies.get(p, 0) + mult * k
-                hosts.setdefault(p, set()).update(where)
+                guarded[p] = guarded.get(p, False) or cond or (self.recomputed(t) and guarded.get(t, False))
+            for load in (e for e in nodes[t] if isinstance(e, Load) and not e.tensor.is_placeholder):
+                into = sites.setdefault(load.tensor, {})
+                for h, at in where.items():
+                    into.setdefault(h, set()).update(_positions(load, t.axes, at))
         self.stored = [t for t in computes if t not in self.inlined and t not in self.in_place]
         # tensors whose lowered form holds a reduction (not speculatable)
         self.reducing = set()
