@@ -426,10 +426,11 @@ def _positions(e, scope):
     return scope.with_vars(e.axes, [(const(lo, dt.INDEX), const(n, dt.INDEX)) for lo, n in e.doms])
 
 
-def check_tensor(t, doms=None) -> None:
-    """Raise IndexError unless every data-independent read in ``t``'s body is
-    in range (a tensor without elements reads nothing); ``doms`` narrows
-    some axes (``{axis: (lo, extent)}``: a scan's step runs at times ``k ...``)."""
+def reads(t, doms=None):
+    """Every read in ``t``'s body with the scope it executes in (its loops and
+    the guards around it); ``doms`` narrows some axes (``{axis: (lo,
+    extent)}``: a scan's step runs at times ``k ...``).  A tensor without
+    elements reads nothing."""
     if 0 in t.shape:
         return
     stack = [(t.body, Scope({**Scope.of_axes(t.axes, t.shape).doms, **(doms or {})}))]
@@ -440,6 +441,13 @@ def check_tensor(t, doms=None) -> None:
             continue
         seen.add((e, scope))
         if isinstance(e, Load):
-            _check_load(t, e, scope)
+            yield e, scope
         rule = _SCOPED_CHILDREN.get(type(e))
         stack += rule(e, scope) if rule else [(c, scope) for c in children(e)]
+
+
+def check_tensor(t, doms=None) -> None:
+    """Raise IndexError unless every data-independent read in ``t``'s body is
+    in range; ``doms`` as for :func:`reads`."""
+    for load, scope in reads(t, doms):
+        _check_load(t, load, scope)

@@ -96,7 +96,7 @@ from te_autodiff.tensor import Tensor
 from te_autodiff.visit import (children, eager_children, free_vars, is_leaf, rebuild, rewrite, substitute,
                                topo_order)
 
-from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only
+from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only, reads
 from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (LOOP_NEST_NODES, STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local,
                       Program, Stage, Store, TimeLoop, children as loop_children, simplify_index)
@@ -811,10 +811,47 @@ class _Nested:
         return self.inner.recomputed(t) or self.outer.recomputed(t)
 
 
-def _scan_stages(op, ctx, store=frozenset(), recompute=frozenset()) -> list:
+def _steps_read(graph, outputs) -> dict:
+    """For each scan in ``graph``, ``{n: steps}``: how many steps of its
+    output ``n`` (``ScanOp.outputs``) the program reads: one past the latest
+    time at which a tensor of the program or the step of another scan reads
+    it, where that read executes (all steps when it is an output of the
+    program or a read's time is not bounded), and a state at least one past
+    the latest time its own step reads it (``t - 1`` while the step runs).
+    A gradient reads its forward scan up to the second-to-last step, so the
+    last is not run."""
+    made = {t: (t.body.scan, t.body.which) for t in graph if _is_scan(t)}
+    need = {op: {} for op, _ in made.values()}
+    for t, (op, n) in made.items():
+        need[op][n] = op.steps if t in outputs else op.k
+    readers = [(t, None, None) for t in graph if not t.is_placeholder and not _is_scan(t)]
+    readers += [(c, op, {c.axes[0]: (const(op.k, dt.INDEX), const(op.steps - op.k, dt.INDEX))})
+                for op in need for c in op.chain]
+    own = {op: {} for op in need}
+    for t, within, doms in readers:
+        for load, scope in reads(t, doms):
+            op, n = made.get(load.tensor, (None, None))
+            if within is not None and load.tensor in within.state:
+                op, n = within, within.state.index(load.tensor)
+            if op is None:
+                continue
+            hi = bounds(load.indices[0], scope)[1] if is_index_only(load.indices[0]) else None
+            steps = op.steps if hi is None else min(hi + 1, op.steps)
+            into = own[op] if op is within else need[op]
+            into[n] = max(into.get(n, op.k), steps)
+    for op, steps in need.items():      # a state its own step reads at t - j, while the step runs
+        end = max(steps.values())
+        for n, latest in own[op].items():
+            steps[n] = max(steps.get(n, op.k), latest - (op.steps - end))
+    return need
+
+
+def _scan_stages(op, steps, ctx, store=frozenset(), recompute=frozenset()) -> list:
     """The stages of scan ``op`` (see ``te_autodiff/scan.py``): each state's
-    initial steps copied into its result buffer, then one loop over time
-    whose stages compute one step of the chain, each stored chain tensor as
+    initial steps copied into its result buffer, then one loop over the
+    times its outputs are read (``steps``: :func:`_steps_read`), computing
+    only what the outputs read after the initial steps need, whose stages
+    compute one step of the chain, each stored chain tensor as
     a stage of its own (the updates write into the results' buffers, the
     chain tensors a gradient reads (``ScanOp.kept``) into theirs, the other
     stored ones into buffers over all steps); the store or recompute rule
@@ -834,12 +871,14 @@ def _scan_stages(op, ctx, store=frozenset(), recompute=frozenset()) -> list:
         axes = tuple(var(f"i{d}", (0, n)) for d, n in enumerate(i.shape))
         copy = Tensor(y.name, i.shape, i.dtype, axes, Load(i, axes))
         stages.append(_stage(copy, ctx.buffers[y], ctx))
-    if op.steps == op.k:
+    produce = [chain[c] for c in op.update + op.outputs[len(op.state):]]      # output n's chain tensor
+    reach = {c: steps.get(n, op.k) for n, c in enumerate(produce) if n < len(op.state) or n in steps}
+    end = max(reach.values())
+    if end == op.k:
         return stages
-    t = var("t", (op.k, op.steps - op.k))
+    t = var("t", (op.k, end - op.k))
     counter = Buffer(f"{op.name}.t", (1,), dt.INDEX, "temp")
     ctx.buffers[counter] = counter
-    step = TimeLoop(t, counter, op.k, op.steps - op.k)
     updates = [chain[u] for u in op.update]
     kept = {chain[op.outputs[y.body.which]]: buf for y, buf in ctx.buffers.items()    # read by a gradient
             if isinstance(y, Tensor) and _is_scan(y) and y.body.scan is op and y.body.which >= len(op.state)}
@@ -850,10 +889,25 @@ def _scan_stages(op, ctx, store=frozenset(), recompute=frozenset()) -> list:
     inner = _Context({**ctx.buffers, **own, **given}, _Nested(plan, ctx.plan), ctx.checks)
     for c in chain.values():        # every read of the step in range, at the times it runs
         check_tensor(c, {c.axes[0]: (const(op.k, dt.INDEX), const(op.steps - op.k, dt.INDEX))})
-    for c in plan.stored:
-        stages.append(_stage(c, inner.buffers[c], inner, step))
+    step = TimeLoop(t, counter, op.k, end - op.k)
+    wanted = _feeding({c for c, m in reach.items() if m > op.k}, set(chain.values()), set(plan.stored))
+    stages += [_stage(c, inner.buffers[c], inner, step) for c in plan.stored if c in wanted]
     ctx.buffers.update(own)
     return stages
+
+
+def _feeding(roots, chain: set, stored: set) -> set:
+    """The tensors of ``stored`` that ``roots`` are or read through the chain."""
+    out, stack, seen = set(), list(roots), set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in stored:
+            out.add(t)
+        stack += [p for p in t.inputs if p in chain]
+    return out
 
 
 def _read_by_a_scan(err: IndexError, t, order) -> IndexError:
@@ -896,7 +950,7 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     states = [y for t in plan.stored if _is_scan(t) for y in t.body.scan.results if y not in plan.stored]
     buffers = _buffers(inputs, plan.stored + list(dict.fromkeys(states)), results)
     ctx = _Context(buffers, plan, {})
-    stages, scans = [], set()
+    stages, scans, steps = [], set(), _steps_read(graph, set(results))
     for t in plan.stored:
         if not math.prod(t.shape):                  # empty: nothing to do
             continue
@@ -904,7 +958,7 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
             stages.append(_stage(t, buffers[t], ctx))
         elif t.body.scan not in scans:
             scans.add(t.body.scan)
-            stages += _scan_stages(t.body.scan, ctx, store_set, recompute_set)
+            stages += _scan_stages(t.body.scan, steps[t.body.scan], ctx, store_set, recompute_set)
     checks = tuple(key for key, _ in sorted(ctx.checks.items(), key=lambda kv: kv[1]))
     program = Program(name or outputs[0].name, tuple(buffers.values()), tuple(stages),
                       tuple(buffers[t] for t in results), checks)

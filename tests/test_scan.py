@@ -286,6 +286,51 @@ def test_an_elementwise_weight_is_summed_as_the_reverse_scan_runs(rng):
     assert "dW.acc" not in te.pretty(dW)
 
 
+def test_a_scan_runs_only_the_steps_that_are_read(rng):
+    """The time loop stops after the latest step some tensor reads (where
+    the read executes, its guards included); a read at a time known only
+    at run time, or the scan's result as an output, reads every step.  A
+    gradient does not read the last forward state: that step is not run;
+    nor, over one step, the adjoint of the initial state, which nobody
+    asked for: the reverse scan does not compute it."""
+    T, n = 12, 5
+    (X, a, b), Y = neighbours(T, n)
+    xs, av, bv = normal(rng, T, n), normal(rng, n), normal(rng, n)
+    want = np.zeros((T, n))
+    want[0] = xs[0]
+    for t in range(1, T):
+        want[t] = av * want[t - 1] + xs[t]
+        want[t, 1:] += bv[1:] * want[t - 1, :-1]
+    j = te.reduce_axis(T, "j")
+    cases = {
+        "Y[6]": (te.compute((n,), lambda i: Y[6, i], name="r"), 7, want[6]),
+        "guarded": (te.compute((T, n), lambda t, i: te.if_then_else(t < 4, Y[t, i], 0.0), name="r"), 4,
+                    np.where(np.arange(T)[:, None] < 4, want, 0.0)),
+        "sum": (te.compute((n,), lambda i: te.sum(Y[j, i], axis=j), name="r"), T, want.sum(axis=0)),
+        "Y": (Y, T, want),
+    }
+    for name, (out, steps, expect) in cases.items():
+        kernel = te.build([X, a, b], [out])
+        assert f"time loop t in 1..{steps}:" in kernel.loop_ir, name
+        np.testing.assert_allclose(kernel(xs, av, bv), expect, rtol=1e-12, atol=1e-12, err_msg=name)
+    at = te.placeholder((1,), "int64", name="at")
+    late = te.compute((n,), lambda i: Y[at[0], i], name="late")
+    kernel = te.build([X, a, b, at], [late])
+    assert f"time loop t in 1..{T}:" in kernel.loop_ir
+    np.testing.assert_allclose(kernel(xs, av, bv, np.array([T - 1])), want[T - 1], rtol=1e-12, atol=1e-12)
+    loops = r"time loop \S+ in (\d+)\.\.(\d+):\n((?:  .*\n)*)"
+    da, = te.gradient(Y, [a])
+    (lo, hi, _), (_, _, reverse) = re.findall(loops, te.build([X, a, b], [da]).loop_ir)
+    assert (int(lo), int(hi)) == (1, T - 1)            # the forward scan: its last state is not read
+    assert "adj_S" in "".join(re.findall(r"stage (\S+):", reverse))
+    (X2, a2, b2), Y2 = neighbours(2, n)
+    da2, = te.gradient(Y2, [a2])
+    kernel = te.build([X2, a2, b2], [da2])
+    (lo, hi, reverse), = re.findall(loops, kernel.loop_ir)     # one step: no forward loop
+    assert (int(lo), int(hi)) == (1, 2) and "adj_S" not in "".join(re.findall(r"stage (\S+):", reverse))
+    np.testing.assert_allclose(kernel(xs[:2], av, bv), xs[0], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.aarch64
 def test_readout_of_the_last_state_gradient(rng):
     """A loss on the last state only, through a read-out: the weight gradients
