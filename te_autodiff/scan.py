@@ -30,7 +30,9 @@ chain tensors recomputed from ``Y``, which the lowering stores or inlines by
 its usual rule.  Then the adjoint of ``init_n`` is ``λ_n[t]`` for ``t < k``,
 and that of an external tensor is its gradient from the same ``te.gradient``
 call with ``H`` read from ``R``: the sum over all steps, computed after the
-reverse scan (one large reduction rather than one per step).  The reverse
+reverse scan (one large reduction rather than one per step) - or, for an
+external each step reads element by element, summed as the reverse scan
+runs (an extra state: nothing of every step is kept for it).  The reverse
 scan is a scan like any other, so it can be differentiated again.
 """
 from __future__ import annotations

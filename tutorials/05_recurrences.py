@@ -73,7 +73,9 @@ assert np.allclose(got, h, atol=1e-5)
 # t = 0 (scan 'hs.back', time u = T - t).  Each step applies the transposed
 # Jacobian of one forward step; it reads the forward states (hs) instead of
 # recomputing them.  The weight gradient sums every step's contribution:
-# one reduction over time, after the reverse scan.
+# one reduction over time, after the reverse scan.  (A weight each step reads
+# element by element, a per-unit decay, is summed as the reverse scan runs
+# instead: one more state of 'hs.back', its running total.)
 dW, dU, dv = te.gradient(loss, [W, U, v])
 text = te.pretty(dW)
 print("\nStep 3: te.pretty(dW), the reverse scan and the sum over time:")
