@@ -163,26 +163,23 @@ def _bodies(t) -> list:
 
 
 def _reads(t) -> dict:
-    """For each tensor ``t`` reads: (number of distinct read sites, any inside
-    a reduction, any under a condition: in a branch of a select)."""
+    """For each tensor ``t`` reads: (number of distinct read sites, any inside a reduction)."""
     out = {}
-    stack, seen = [(b, False, False) for b in _bodies(t)], set()
+    stack, seen = [(b, False) for b in _bodies(t)], set()
     while stack:
-        e, inside, guarded = stack.pop()
-        if (e, inside, guarded) in seen:
+        e, inside = stack.pop()
+        if (e, inside) in seen:
             continue
-        seen.add((e, inside, guarded))
+        seen.add((e, inside))
         if isinstance(e, Load):
-            sites, red, cond = out.get(e.tensor, (set(), False, False))
+            sites, red = out.get(e.tensor, (set(), False))
             sites.add(e)
-            out[e.tensor] = (sites, red or inside, cond or guarded)
+            out[e.tensor] = (sites, red or inside)
         if isinstance(e, Reduce):
-            stack += [(x, inside, guarded) for dom in e.doms for x in dom] + [(e.body, True, guarded)]
-        elif isinstance(e, Select):
-            stack += [(e.cond, inside, guarded), (e.a, inside, True), (e.b, inside, True)]
+            stack += [(x, inside) for dom in e.doms for x in dom] + [(e.body, True)]
         else:
-            stack += [(c, inside, guarded) for c in children(e)]
-    return {p: (len(sites), red, cond) for p, (sites, red, cond) in out.items()}
+            stack += [(c, inside) for c in children(e)]
+    return {p: (len(sites), red) for p, (sites, red) in out.items()}
 
 
 def _positions(load, axes, at) -> set:
@@ -280,8 +277,12 @@ class Plan:
         nodes = {t: topo_order([t.body]) for t in computes}
         size = {t: len(nodes[t]) for t in computes}
         elementwise = {t for t in computes if not _has_reduction(t)}
-        gathers = {t for t in computes if any(isinstance(e, Load) and not all(map(is_index_only, e.indices))
-                                              for e in nodes[t])}
+        # gathers: tensors that read at a position from data, or read one elementwise
+        gathers = set()
+        for t in computes:
+            if any(p in gathers and p in elementwise for p in t.inputs) or any(
+                    isinstance(e, Load) and not all(map(is_index_only, e.indices)) for e in nodes[t]):
+                gathers.add(t)
         # producers first: the work of each elementwise tensor, with the
         # producers that are cheap enough to be inlined added per read
         self.work = {}
@@ -294,14 +295,18 @@ class Plan:
         # readers first: how often each tensor is evaluated and whether inside a
         # reduction; the stages (hosts) its body would be emitted into, at
         # which positions (``sites``: a copy per distinct position, as copies
-        # at one position are one expression), and the size each stage has reached
-        evals, in_reduce, guarded, sites, stage_size, red_reads = {}, {}, {}, {}, {}, {}
+        # at one position are one expression), and the size each stage has
+        # reached.  A gather's copies are counted per read, along chains of
+        # readers (``copies``): each is a checked read at a position from
+        # data, which a select around it cannot evaluate ahead of its test
+        evals, in_reduce, sites, copies, stage_size, red_reads = {}, {}, {}, {}, {}, {}
         self.inlined, self.in_place, apart = set(), set(), set()
         for t in reversed(computes):
             n, red = evals.get(t, 0), in_reduce.get(t, False)
             once = n <= math.prod(t.shape) and not red
             extra = LOOP_NEST_NODES if t in parts else 0
-            grown = {h: _copies_size(t, nodes[t], at) + extra * len(at) for h, at in sites.get(t, {}).items()}
+            grown = {h: (size[t] + extra) * copies.get(t, 1) if t in gathers else
+                     _copies_size(t, nodes[t], at) + extra * len(at) for h, at in sites.get(t, {}).items()}
             fits = all(stage_size[h] + g <= STAGE_BUDGET for h, g in grown.items())
             if t in self.outputs or t in store:
                 pass
@@ -310,17 +315,16 @@ class Plan:
                 padding = red_reads.get(t, 0) >= PAD_STORE_READS * math.prod(t.shape) and _position_test(t)
                 arithmetic = w < math.inf if step else w <= CHEAP_WORK     # a step: any work but a function's
                 cheap = w <= TRIVIAL_WORK or (arithmetic and not red) or once
-                checked = t in gathers and guarded.get(t, False)      # a checked read: never speculated
-                if t in recompute or (fits and not padding and cheap and not checked):
+                if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
             elif t in parts and once and fits and t not in apart:
                 self.in_place.add(t)
             if t in self.inlined or t in self.in_place:
-                where = sites.get(t, {})
+                mult, where = copies.get(t, 1), sites.get(t, {})
                 for h, g in grown.items():
                     stage_size[h] += g
             else:
-                n, red, where = math.prod(t.shape), False, {t: {tuple(t.axes)}}
+                n, red, mult, where = math.prod(t.shape), False, 1, {t: {tuple(t.axes)}}
                 stage_size[t] = size[t]
             # the reductions lifted out of t are computed in place all or none:
             # stored, terms of one structure (the T steps' shares of a shared
@@ -331,10 +335,10 @@ class Plan:
                 apart.update(terms)
             for p, k in _reduction_reads(t).items():
                 red_reads[p] = red_reads.get(p, 0) + n * k
-            for p, (k, inside, cond) in _reads(t).items():
+            for p, (k, inside) in _reads(t).items():
                 evals[p] = evals.get(p, 0) + n * k
                 in_reduce[p] = in_reduce.get(p, False) or inside or red
-                guarded[p] = guarded.get(p, False) or cond or (self.recomputed(t) and guarded.get(t, False))
+                copies[p] = copies.get(p, 0) + mult * k
             for load in (e for e in nodes[t] if isinstance(e, Load) and not e.tensor.is_placeholder):
                 into = sites.setdefault(load.tensor, {})
                 for h, at in where.items():
