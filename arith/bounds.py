@@ -4,10 +4,8 @@
 between a max of ceilings and a min of floors of affine functions of the
 outer variables). ``numeric_bounds``, ``is_feasible`` and ``is_implied``
 answer exact questions about the integer points of a ``LinearSystem`` with
-CP-SAT; their answers are cached on a canonical form of the query.
-OR-tools is imported by the functions that call a solver: its CP-SAT module
-imports pandas, which a program that never asks such a question (and
-``import te_autodiff``) need not pay for.
+CP-SAT (models written by ``cpsat``: OR-tools is imported when a solver is
+first called); their answers are cached on a canonical form of the query.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Hashable, Iterable, Iterator, Mapping, NamedTuple
 
+from . import cpsat
 from .linear import LinearExpr, LinearSystem, as_linear
 
 __all__ = ["VarBounds", "FMResult", "fourier_motzkin", "normalize_inequality",
@@ -352,48 +351,36 @@ def _interval(expr: LinearExpr, box: dict) -> tuple[int, int]:
 
 
 def _model(key: tuple, box: dict):
-    from ortools.sat.python import cp_model
-    model = cp_model.CpModel()
-    xs = {v: model.new_int_var(lo, hi, f"x{n}") for n, (v, (lo, hi)) in enumerate(box.items())}
+    """The CP-SAT model of ``key``'s system (``arith.cpsat``), its variables
+    ``xs`` within ``box``, and ``lin``: a linear expression as the model's."""
+    model = cpsat.Model()
+    xs = {v: model.int_var(lo, hi, f"x{n}") for n, (v, (lo, hi)) in enumerate(box.items())}
 
-    def lin(e: LinearExpr):
-        return sum((a * xs[v] for v, a in e.terms.items()), e.const)
+    def lin(e: LinearExpr) -> cpsat.Lin:
+        return sum((xs[v] * a for v, a in e.terms.items()), cpsat.Lin(c=e.const))
 
     # Constant constraints were already checked by _box's propagation.
     for pair in key[1]:
         e = next(iter(pair))
         if e.terms:
-            model.add(lin(e) == 0)
+            model.within(lin(e), (0, 0))
     for e in key[2]:
         if e.terms:
-            model.add(lin(e) >= 0)
+            model.within(lin(e), (0, cpsat.OPEN))
     return model, xs, lin
-
-
-def _solve(model) -> tuple[cp_model.CpSolver, int]:
-    from ortools.sat.python import cp_model
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = TIME_LIMIT_SECONDS
-    status = solver.solve(model)
-    if status == cp_model.MODEL_INVALID:
-        raise RuntimeError(f"CP-SAT rejected the model: {model.validate()}")
-    return solver, status
 
 
 @lru_cache(maxsize=CACHE_SIZE)
 def _feasible(key: tuple) -> bool:
-    from ortools.sat.python import cp_model
     box = _box(key)
     if box is None:
         return False
-    _, status = _solve(_model(key, box)[0])
-    return status != cp_model.INFEASIBLE  # a timeout counts as feasible (safe side)
+    result = _model(key, box)[0].solve(seconds=TIME_LIMIT_SECONDS)
+    return result.status != "infeasible"  # a timeout counts as feasible (safe side)
 
 
 @lru_cache(maxsize=CACHE_SIZE)
 def _numeric_bounds(expr: LinearExpr, key: tuple) -> tuple[int, int] | None:
-    from ortools.sat.python import cp_model
     box = _box_with(key, expr.vars)
     if box is None:
         return None
@@ -403,15 +390,13 @@ def _numeric_bounds(expr: LinearExpr, key: tuple) -> tuple[int, int] | None:
     result = []
     for maximize in (False, True):
         model, xs, lin = _model(key, box)
-        (model.maximize if maximize else model.minimize)(lin(expr))
-        solver, status = _solve(model)
-        if status == cp_model.INFEASIBLE:
+        solved = model.solve(lin(expr), maximize, TIME_LIMIT_SECONDS)
+        if solved.status == "infeasible":
             return None
-        if status == cp_model.OPTIMAL:
-            result.append(expr.evaluate({v: solver.value(x) for v, x in xs.items()}))
-        elif status == cp_model.FEASIBLE:  # timeout: the proven bound is still valid
-            bound = solver.best_objective_bound
-            result.append(math.ceil(bound) if maximize else math.floor(bound))
+        if solved.status == "optimal":
+            result.append(expr.evaluate({v: x.at(solved.values) for v, x in xs.items()}))
+        elif solved.status == "feasible":  # timeout: the proven bound is still valid
+            result.append(math.ceil(solved.bound) if maximize else math.floor(solved.bound))
         else:
             result.append(interval[maximize])
     return result[0], result[1]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from arith.cpsat import OPEN, Lin, Model
 from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 
@@ -46,22 +47,23 @@ class Reach:
 
 
 class _Model:
-    """A CP-SAT model of one read's context; integer nodes map to
-    ``(linear expression, lo, hi)``, conditions to literals."""
+    """A CP-SAT model of one read's context (``arith.cpsat.Model``); integer nodes
+    map to ``(linear expression, lo, hi)``, conditions to literals."""
 
     def __init__(self):
-        from ortools.sat.python import cp_model
-        self.cp = cp_model
-        self.m = cp_model.CpModel()
+        self.m = Model()
         self.ints, self.bools = {}, {}
         self.loop_vars = {}
+
+    def fresh(self, lo, hi, name="t") -> Lin:
+        return self.m.int_var(lo, hi, name)
 
     # ---------------------------------------------------------------- integers
 
     def value(self, e):
         if e not in self.ints:
             if e.dtype == "bool":
-                self.ints[e] = (self.literal(e), 0, 1)
+                self.ints[e] = (Lin({self.literal(e): 1}), 0, 1)
             else:
                 rule = _INT_RULES.get(type(e))
                 if rule is None or not dt.is_int(e.dtype):
@@ -69,23 +71,11 @@ class _Model:
                 self.ints[e] = rule(self, e)
         return self.ints[e]
 
-    def fresh(self, lo, hi, name="t"):
-        return self.m.new_int_var(int(lo), int(hi), name)
-
-    def as_var(self, v):
-        """``v`` (a ``value`` triple) as a single CP-SAT variable (products need one)."""
-        x, lo, hi = v
-        if not isinstance(x, self.cp.IntVar):
-            y = self.fresh(lo, hi)
-            self.m.add(y == x)
-            return y
-        return x
-
     def const(self, e):
         if dt.is_float(e.dtype):
             raise _Unsupported(e)
         c = int(e.value)
-        return c, c, c
+        return Lin(c=c), c, c
 
     def var(self, e):
         if e not in self.loop_vars:       # a variable without a loop here: its fixed range, if any
@@ -102,32 +92,31 @@ class _Model:
             (a, alo, ahi), (b, blo, bhi) = self.value(e.a), self.value(e.b)
             return (a + b, alo + blo, ahi + bhi) if e.op == "add" else (a - b, alo - bhi, ahi - blo)
         if e.op == "mul":
-            (a, alo, ahi), (b, blo, bhi) = va, vb = self.value(e.a), self.value(e.b)
+            (a, alo, ahi), (b, blo, bhi) = self.value(e.a), self.value(e.b)
             ends = [x * y for x in (alo, ahi) for y in (blo, bhi)]
             if alo == ahi:
-                return alo * b, min(ends), max(ends)
+                return b * alo, min(ends), max(ends)
             if blo == bhi:
-                return blo * a, min(ends), max(ends)
+                return a * blo, min(ends), max(ends)
             p = self.fresh(min(ends), max(ends))
-            self.m.add_multiplication_equality(p, [self.as_var(va), self.as_var(vb)])
+            self.m.product(p, a, b)
             return p, min(ends), max(ends)
         if e.op in ("floordiv", "mod") and isinstance(e.b, Const) and e.b.value != 0:
             d = int(e.b.value)
             x, lo, hi = self.value(e.a)
             qs = sorted((lo // d, hi // d))
             q = self.fresh(*qs)
-            r = x - d * q                                   # floor semantics: r has the sign of d
+            r = x - q * d                                   # floor semantics: r has the sign of d
             rlo, rhi = (0, d - 1) if d > 0 else (d + 1, 0)
-            self.m.add(r >= rlo)
-            self.m.add(r <= rhi)
+            self.m.within(r, (rlo, rhi))
             return (q, qs[0], qs[1]) if e.op == "floordiv" else (r, rlo, rhi)
         if e.op in ("max", "min"):
             va, vb = self.value(e.a), self.value(e.b)
             pick = max if e.op == "max" else min
             lo, hi = pick(va[1], vb[1]), pick(va[2], vb[2])
             y = self.fresh(lo, hi)
-            add = self.m.add_max_equality if e.op == "max" else self.m.add_min_equality
-            add(y, [va[0], vb[0]])
+            sign = 1 if e.op == "max" else -1              # min(a, b) = -max(-a, -b)
+            self.m.maximum(y * sign, [va[0] * sign, vb[0] * sign])
             return y, lo, hi
         raise _Unsupported(e)
 
@@ -135,11 +124,11 @@ class _Model:
         if e.op != "neg":
             raise _Unsupported(e)
         x, lo, hi = self.value(e.a)
-        return -x, -hi, -lo
+        return x * -1, -hi, -lo
 
     def cast(self, e):
         if e.a.dtype == "bool":
-            return self.literal(e.a), 0, 1
+            return Lin({self.literal(e.a): 1}), 0, 1
         if dt.is_int(e.a.dtype):
             return self.value(e.a)
         raise _Unsupported(e)
@@ -149,16 +138,16 @@ class _Model:
         va, vb = self.value(e.a), self.value(e.b)
         lo, hi = min(va[1], vb[1]), max(va[2], vb[2])
         y = self.fresh(lo, hi)
-        self.m.add(y == va[0]).only_enforce_if(c)
-        self.m.add(y == vb[0]).only_enforce_if(~c)
+        self.m.within(y - va[0], (0, 0), enforced=[c])
+        self.m.within(y - vb[0], (0, 0), enforced=[-c - 1])
         return y, lo, hi
 
     # -------------------------------------------------------------- conditions
 
-    def literal(self, c):
+    def literal(self, c) -> int:
         """A boolean equal to condition ``c`` (free where ``c`` cannot be encoded)."""
         if c not in self.bools:
-            b = self.m.new_bool_var("c")
+            b = self.m.bool_var()
             self.bools[c] = b
             try:
                 self.tie(b, c)
@@ -166,30 +155,27 @@ class _Model:
                 pass
         return self.bools[c]
 
-    def tie(self, b, c):
-        m = self.m
+    def tie(self, b: int, c):
+        m, nb = self.m, -b - 1
         if isinstance(c, Const):
-            m.add_bool_or([b if c.value else ~b])
+            m.clause([b if c.value else nb])
         elif isinstance(c, Logic) and c.op == "not":
-            x = self.literal(c.a)
-            m.add(b == 1 - x)
+            m.within(Lin({b: 1, self.literal(c.a): 1}), (1, 1))
         elif isinstance(c, Logic):
             x, y = self.literal(c.a), self.literal(c.b)
-            if c.op == "and":
-                m.add_bool_and([x, y]).only_enforce_if(b)
-                m.add_bool_or([~x, ~y]).only_enforce_if(~b)
-            else:
-                m.add_bool_or([x, y]).only_enforce_if(b)
-                m.add_bool_and([~x, ~y]).only_enforce_if(~b)
+            both, either = ("bool_and", "bool_or") if c.op == "and" else ("bool_or", "bool_and")
+            m.clause([x, y], both, enforced=[b])
+            m.clause([-x - 1, -y - 1], either, enforced=[nb])
         elif isinstance(c, Cmp) and (dt.is_int(c.a.dtype) or c.a.dtype == "bool"):
-            d = self.value(c.a)[0] - self.value(c.b)[0]
+            (x, xlo, xhi), (y, ylo, yhi) = self.value(c.a), self.value(c.b)
+            d, lo, hi = x - y, xlo - yhi, xhi - ylo
             true, false = _CMP[c.op]
-            m.add(true(d)).only_enforce_if(b)
-            m.add(false(d)).only_enforce_if(~b)
+            m.within(d, *_clip(true, lo, hi), enforced=[b])
+            m.within(d, *_clip(false, lo, hi), enforced=[nb])
         elif isinstance(c, Cast) and dt.is_int(c.a.dtype):
-            x = self.value(c.a)[0]
-            m.add(x != 0).only_enforce_if(b)
-            m.add(x == 0).only_enforce_if(~b)
+            x, lo, hi = self.value(c.a)
+            m.within(x, *_clip(_CMP["ne"][0], lo, hi), enforced=[b])
+            m.within(x, (0, 0), enforced=[nb])
         else:
             raise _Unsupported(c)
 
@@ -201,7 +187,7 @@ class _Model:
             if isinstance(lo, Const) and isinstance(ext, Const):
                 first, n = int(lo.value), int(ext.value)
                 if n <= 0:
-                    self.m.add_bool_or([])          # an empty loop: the read never runs
+                    self.m.clause([])               # an empty loop: the read never runs
                     continue
                 self.loop_vars[v] = (self.fresh(first, first + n - 1, v.name), first, first + n - 1)
                 continue
@@ -212,35 +198,41 @@ class _Model:
                     self.var(v)
                 continue
             if nhi <= 0:
-                self.m.add_bool_or([])
+                self.m.clause([])
                 continue
             x = self.fresh(alo, ahi + nhi - 1, v.name)
-            self.m.add(x >= a)
-            self.m.add(x <= a + n - 1)
+            self.m.within(x - a, (0, OPEN))                 # a <= x <= a + n - 1
+            self.m.within(x - a - n, (-OPEN, -1))
             self.loop_vars[v] = (x, alo, ahi + nhi - 1)
 
-    def optimum(self, target, maximize: bool):
+    def optimum(self, target: Lin, maximize: bool):
         """``(status, value, point)`` of the extreme of ``target``."""
-        cp = self.cp
-        (self.m.maximize if maximize else self.m.minimize)(target)
-        solver = cp.CpSolver()
-        solver.parameters.num_workers = 1
-        solver.parameters.max_time_in_seconds = SOLVE_SECONDS
-        status = solver.solve(self.m)
-        if status == cp.INFEASIBLE:
+        result = self.m.solve(target, maximize, SOLVE_SECONDS)
+        if result.status == "infeasible":
             return "empty", None, ()
-        if status == cp.OPTIMAL:
-            point = tuple((v.name, solver.value(x)) for v, (x, _, _) in self.loop_vars.items())
-            return "exact", int(round(solver.objective_value)), point
-        if status == cp.FEASIBLE:                   # out of time: the proven bound still holds
-            bound = solver.best_objective_bound
+        if result.status == "optimal":
+            point = tuple((v.name, x.at(result.values)) for v, (x, _, _) in self.loop_vars.items())
+            return "exact", int(round(result.value)), point
+        if result.status == "feasible":            # out of time: the proven bound still holds
+            bound = result.bound
             return "bound", int(bound // 1 if maximize else -(-bound // 1)), ()
         return "unknown", None, ()
 
 
-_CMP = {"lt": (lambda d: d <= -1, lambda d: d >= 0), "le": (lambda d: d <= 0, lambda d: d >= 1),
-        "gt": (lambda d: d >= 1, lambda d: d <= 0), "ge": (lambda d: d >= 0, lambda d: d <= -1),
-        "eq": (lambda d: d == 0, lambda d: d != 0), "ne": (lambda d: d != 0, lambda d: d == 0)}
+def _clip(test, lo: int, hi: int) -> list:
+    """The ranges of ``[lo, hi]`` where ``test`` (a ``_CMP`` entry: ranges of
+    a difference) holds; an empty list when it never does."""
+    out = []
+    for a, b in test:
+        a, b = max(a, lo), min(b, hi)
+        if a <= b:
+            out.append((a, b))
+    return out
+
+
+_CMP = {"lt": (((-OPEN, -1),), ((0, OPEN),)), "le": (((-OPEN, 0),), ((1, OPEN),)),      # ranges of a - b
+        "gt": (((1, OPEN),), ((-OPEN, 0),)), "ge": (((0, OPEN),), ((-OPEN, -1),)),      # where a op b holds,
+        "eq": (((0, 0),), ((-OPEN, -1), (1, OPEN))), "ne": (((-OPEN, -1), (1, OPEN)), ((0, 0),))}  # and fails
 
 _INT_RULES = {Const: _Model.const, Var: _Model.var, BinOp: _Model.binop, Unary: _Model.unary,
               Cast: _Model.cast, Select: _Model.select}
@@ -257,7 +249,7 @@ def _reach(index, doms: tuple, conds: frozenset):
             model.loops(dict(doms))
             for cond, truth in conds:
                 lit = model.literal(cond)
-                model.m.add_bool_or([lit if truth else ~lit])
+                model.m.clause([lit if truth else -lit - 1])
             target = model.value(index)[0]
         except _Unsupported:
             return "unknown"

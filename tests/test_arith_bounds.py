@@ -214,3 +214,36 @@ def test_queries_are_cached_on_a_canonical_form():
     assert numeric_bounds(L(x) + L(y), a) == numeric_bounds(L(y) + L(x), b) == (2, 10)
     info = bounds_module._numeric_bounds.cache_info()
     assert (info.hits, info.misses) == (1, 1)
+
+
+def test_solver_questions_import_no_pandas():
+    """Zero elimination's integer bounds and the exact bounds check of a
+    quadratic index both ask CP-SAT (``arith.cpsat`` writes its model
+    message directly); a fresh process that builds such a gradient imports
+    OR-tools' solver but not its ``cp_model`` module, nor pandas, which that
+    imports (a tenth of a second of every first build)."""
+    import subprocess
+    import sys
+    code = """
+import sys
+import numpy as np
+import te_autodiff as te
+D, K = 4, 3
+l = te.placeholder((K, D * (D - 1) // 2), "float64", name="l")
+x = te.placeholder((K, D), "float64", name="x")
+L = te.compute((K, D, D), lambda k, r, c: te.if_then_else(c < r, l[k, c * (2 * D - c - 1) // 2 + r - c - 1], 0.0),
+               name="L")
+j = te.reduce_axis(D, "j")
+y = te.compute((K, D), lambda k, r: te.sum(L[k, r, j] * x[k, j], axis=j), name="y")
+dl, = te.gradient(y, [l])
+got = te.build([l, x], [dl])(np.ones((K, 6)), np.arange(K * D, dtype=float).reshape(K, D))
+print(sorted(m for m in ("pandas", "ortools.sat.python.cp_model", "ortools.sat.python.cp_model_helper")
+             if m in sys.modules), float(got.sum()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    modules, total = out.stdout.split("]")
+    assert modules == "['ortools.sat.python.cp_model_helper'", out.stdout
+    x = np.arange(12.0).reshape(3, 4)
+    want = sum(x[k, c] for k in range(3) for r in range(4) for c in range(r))    # d sum(y) / d l = x[k, c]
+    assert float(total) == want
