@@ -356,8 +356,8 @@ def _model(key: tuple, box: dict):
     model = cpsat.Model()
     xs = {v: model.int_var(lo, hi, f"x{n}") for n, (v, (lo, hi)) in enumerate(box.items())}
 
-    def lin(e: LinearExpr) -> cpsat.Lin:
-        return sum((xs[v] * a for v, a in e.terms.items()), cpsat.Lin(c=e.const))
+    def lin(e: LinearExpr) -> LinearExpr:
+        return sum((xs[v] * a for v, a in e.terms.items()), LinearExpr(const=e.const))
 
     # Constant constraints were already checked by _box's propagation.
     for pair in key[1]:
@@ -394,7 +394,7 @@ def _numeric_bounds(expr: LinearExpr, key: tuple) -> tuple[int, int] | None:
         if solved.status == "infeasible":
             return None
         if solved.status == "optimal":
-            result.append(expr.evaluate({v: x.at(solved.values) for v, x in xs.items()}))
+            result.append(expr.evaluate({v: x.evaluate(solved.values) for v, x in xs.items()}))
         elif solved.status == "feasible":  # timeout: the proven bound is still valid
             result.append(math.ceil(solved.bound) if maximize else math.floor(solved.bound))
         else:

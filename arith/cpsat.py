@@ -13,38 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .linear import LinearExpr
+
 OPEN = 1 << 62          # beyond any bound the callers ask about: an open end of a range
-
-
-class Lin:
-    """``sum(terms[v] * x_v) + const`` over a model's variables (``v``: an
-    index into them).  Supports ``+``, ``-`` and multiplication by an int."""
-
-    __slots__ = ("terms", "const")
-
-    def __init__(self, terms=None, c=0):
-        self.terms, self.const = {v: k for v, k in (terms or {}).items() if k}, c
-
-    def __add__(self, other):
-        other = other if isinstance(other, Lin) else Lin(c=other)
-        terms = dict(self.terms)
-        for v, k in other.terms.items():
-            terms[v] = terms.get(v, 0) + k
-        return Lin(terms, self.const + other.const)
-
-    def __mul__(self, k: int):
-        return Lin({v: c * k for v, c in self.terms.items()}, self.const * k)
-
-    def __sub__(self, other):
-        return self + (other if isinstance(other, Lin) else Lin(c=other)) * -1
-
-    def variable(self):
-        """The index of the one variable this expression is, or None."""
-        return next(iter(self.terms)) if self.const == 0 and list(self.terms.values()) == [1] else None
-
-    def at(self, values) -> int:
-        """The value of this expression at the solution ``values``."""
-        return sum(k * values[v] for v, k in self.terms.items()) + self.const
 
 
 @dataclass(frozen=True)
@@ -52,31 +23,36 @@ class Result:
     """A solve's outcome: ``status`` (``"optimal"``, ``"feasible"`` - out of
     time with a solution -, ``"infeasible"`` or ``"unknown"``), the
     objective's ``value`` and proven ``bound`` (in the sense asked), and
-    the variables' ``values`` (empty unless a solution was found)."""
+    the variables' ``values`` (``{index: value}``, empty unless a solution
+    was found)."""
 
     status: str
     value: float
     bound: float
-    values: tuple
+    values: dict
 
 
 class Model:
-    """One CP-SAT model message; a literal is a Boolean variable's index,
-    its negation ``-index - 1``."""
+    """One CP-SAT model message.  Its linear expressions are
+    ``arith.linear.LinearExpr`` over the variables' indices; a literal is a
+    Boolean variable's index, its negation ``-index - 1``."""
 
     def __init__(self):
         from ortools.sat.python import cp_model_helper
         self._cmh = cp_model_helper
         self.proto = cp_model_helper.CpModelProto()
 
-    def int_var(self, lo: int, hi: int, name: str = "x") -> Lin:
+    def _new(self, lo: int, hi: int, name: str) -> int:
         v = self.proto.variables.add()
         v.domain.extend([int(lo), int(hi)])
         v.name = name
-        return Lin({len(self.proto.variables) - 1: 1})
+        return len(self.proto.variables) - 1
+
+    def int_var(self, lo: int, hi: int, name: str = "x") -> LinearExpr:
+        return LinearExpr.var(self._new(lo, hi, name))
 
     def bool_var(self, name: str = "c") -> int:
-        return self.int_var(0, 1, name).variable()
+        return self._new(0, 1, name)
 
     def _constraint(self, enforced):
         c = self.proto.constraints.add()
@@ -84,12 +60,12 @@ class Model:
         return c
 
     @staticmethod
-    def _expression(proto, e: Lin):
+    def _expression(proto, e: LinearExpr):
         proto.vars.extend(list(e.terms))
         proto.coeffs.extend(list(e.terms.values()))
         proto.offset = e.const
 
-    def within(self, e: Lin, *ranges, enforced=()):
+    def within(self, e: LinearExpr, *ranges, enforced=()):
         """``e`` in the union of the closed ``ranges`` (sorted, disjoint),
         where the literals ``enforced`` hold; with no range they cannot all hold."""
         if not ranges:
@@ -100,14 +76,14 @@ class Model:
         c.coeffs.extend(list(e.terms.values()))
         c.domain.extend([x - e.const for lo, hi in ranges for x in (lo, hi)])
 
-    def product(self, y: Lin, a: Lin, b: Lin):
+    def product(self, y: LinearExpr, a: LinearExpr, b: LinearExpr):
         """``y == a * b``."""
         c = self._constraint(()).int_prod
         self._expression(c.target, y)
         for x in (a, b):
             self._expression(c.exprs.add(), x)
 
-    def maximum(self, y: Lin, args):
+    def maximum(self, y: LinearExpr, args):
         """``y == max(args)``."""
         c = self._constraint(()).lin_max
         self._expression(c.target, y)
@@ -119,7 +95,7 @@ class Model:
         where ``enforced`` hold; an empty ``bool_or`` cannot hold."""
         getattr(self._constraint(enforced), kind).literals.extend(list(literals))
 
-    def solve(self, objective: Lin | None = None, maximize: bool = False, seconds: float = 10.0) -> Result:
+    def solve(self, objective: LinearExpr | None = None, maximize: bool = False, seconds: float = 10.0) -> Result:
         """Solve (optimising ``objective`` when given) with one worker."""
         cmh, sign = self._cmh, -1 if maximize else 1       # the message minimises
         self.proto.clear_objective()
@@ -138,5 +114,5 @@ class Model:
                 cmh.CpSolverStatus.INFEASIBLE: "infeasible"}.get(status, "unknown")
         if objective is None and name == "feasible":
             name = "optimal"                               # nothing to optimise: a solution is the answer
-        values = tuple(response.solution) if name in ("optimal", "feasible") else ()
+        values = dict(enumerate(response.solution)) if name in ("optimal", "feasible") else {}
         return Result(name, sign * response.objective_value, sign * response.best_objective_bound, values)

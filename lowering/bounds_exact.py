@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from arith.cpsat import OPEN, Lin, Model
+from arith.cpsat import OPEN, Model
+from arith.linear import LinearExpr
 from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cast, Cmp, Const, Logic, Select, Unary, Var
 
@@ -55,7 +56,7 @@ class _Model:
         self.ints, self.bools = {}, {}
         self.loop_vars = {}
 
-    def fresh(self, lo, hi, name="t") -> Lin:
+    def fresh(self, lo, hi, name="t") -> LinearExpr:
         return self.m.int_var(lo, hi, name)
 
     # ---------------------------------------------------------------- integers
@@ -63,7 +64,7 @@ class _Model:
     def value(self, e):
         if e not in self.ints:
             if e.dtype == "bool":
-                self.ints[e] = (Lin({self.literal(e): 1}), 0, 1)
+                self.ints[e] = (LinearExpr({self.literal(e): 1}), 0, 1)
             else:
                 rule = _INT_RULES.get(type(e))
                 if rule is None or not dt.is_int(e.dtype):
@@ -75,7 +76,7 @@ class _Model:
         if dt.is_float(e.dtype):
             raise _Unsupported(e)
         c = int(e.value)
-        return Lin(c=c), c, c
+        return LinearExpr(const=c), c, c
 
     def var(self, e):
         if e not in self.loop_vars:       # a variable without a loop here: its fixed range, if any
@@ -128,7 +129,7 @@ class _Model:
 
     def cast(self, e):
         if e.a.dtype == "bool":
-            return Lin({self.literal(e.a): 1}), 0, 1
+            return LinearExpr({self.literal(e.a): 1}), 0, 1
         if dt.is_int(e.a.dtype):
             return self.value(e.a)
         raise _Unsupported(e)
@@ -160,7 +161,7 @@ class _Model:
         if isinstance(c, Const):
             m.clause([b if c.value else nb])
         elif isinstance(c, Logic) and c.op == "not":
-            m.within(Lin({b: 1, self.literal(c.a): 1}), (1, 1))
+            m.within(LinearExpr({b: 1, self.literal(c.a): 1}), (1, 1))
         elif isinstance(c, Logic):
             x, y = self.literal(c.a), self.literal(c.b)
             both, either = ("bool_and", "bool_or") if c.op == "and" else ("bool_or", "bool_and")
@@ -205,13 +206,13 @@ class _Model:
             self.m.within(x - a - n, (-OPEN, -1))
             self.loop_vars[v] = (x, alo, ahi + nhi - 1)
 
-    def optimum(self, target: Lin, maximize: bool):
+    def optimum(self, target: LinearExpr, maximize: bool):
         """``(status, value, point)`` of the extreme of ``target``."""
         result = self.m.solve(target, maximize, SOLVE_SECONDS)
         if result.status == "infeasible":
             return "empty", None, ()
         if result.status == "optimal":
-            point = tuple((v.name, x.at(result.values)) for v, (x, _, _) in self.loop_vars.items())
+            point = tuple((v.name, x.evaluate(result.values)) for v, (x, _, _) in self.loop_vars.items())
             return "exact", int(round(result.value)), point
         if result.status == "feasible":            # out of time: the proven bound still holds
             bound = result.bound
