@@ -181,3 +181,43 @@ def test_max_and_min_propagate_nan_like_numpy():
     np.testing.assert_array_equal(a, x.max(axis=1))
     np.testing.assert_array_equal(b, x.min(axis=1))
     np.testing.assert_array_equal(c, np.maximum(x, 2.0) + np.minimum(x, 2.0))
+
+
+@pytest.mark.parametrize("target", ["haswell", "skylake-avx512", "x86-64-v2"])
+def test_a_max_gradient_finds_its_maximum_where_candidates_fuse_a_product(rng, target):
+    """The gradient of a max recomputes its candidates and sends the adjoint
+    to the first one equal to the stored maximum.  A candidate ``g / (g g +
+    1) * w`` holds a product plus a term: where LLVM chose to fuse it into
+    an fma in one stage and not in the other (padded rows peeled from
+    interior ones), the recomputed value missed the maximum by a rounding
+    and the adjoint went to another candidate (found by ``python -m fuzz``,
+    seed 53000318).  Values against numpy by hand, on every target."""
+    from lowering.target import Target
+    X0 = te.placeholder((3, 13, 8), "float64", "X0")
+    X1 = te.placeholder((5, 8, 16), "float64", "X1")
+    r1, r2 = te.reduce_axis((0, 5), "r1"), te.reduce_axis((0, 8), "r2")
+
+    def g(o0, o1):
+        inside = te.all(o1 + r1 - 2 >= 0, o1 + r1 - 2 < 13)
+        return te.if_then_else(inside, X0[o0, o1 + r1 - 2, r2], 0.0)
+    Y = te.compute((3, 13, 16), lambda o0, o1, o2: te.max(g(o0, o1) / (g(o0, o1) * g(o0, o1) + 1.0)
+                                                          * X1[r1, r2, o2], axis=[r1, r2]), name="Y")
+    H = te.placeholder(Y.shape, "float64", "H")
+    dX0, = te.gradient(Y, [X0], head=H)
+    kernel = te.build([X0, X1, H], [dX0], target=target)
+    if kernel.target.missing_on_host() is not None:
+        pytest.skip(f"{target} does not run here")
+    x0, x1, h = rng.standard_normal((3, 13, 8)), rng.standard_normal((5, 8, 16)), rng.standard_normal((3, 13, 16))
+    want = np.zeros_like(x0)
+    for o0 in range(3):
+        for o1 in range(13):
+            rows = np.arange(5) + o1 - 2
+            inside = (rows >= 0) & (rows < 13)
+            gv = np.where(inside[:, None], x0[o0, np.clip(rows, 0, 12)], 0.0)          # (r1, r2)
+            for o2 in range(16):
+                cand = gv / (gv * gv + 1.0) * x1[:, :, o2]
+                a1, a2 = np.unravel_index(np.argmax(cand), cand.shape)
+                if inside[a1]:
+                    v = gv[a1, a2]
+                    want[o0, rows[a1], a2] += h[o0, o1, o2] * (1 - v * v) / (v * v + 1) ** 2 * x1[a1, a2, o2]
+    np.testing.assert_allclose(kernel(x0, x1, h), want, rtol=1e-12, atol=1e-12)

@@ -49,16 +49,19 @@ class _Lanes:
 
 def ordered_nodes(body) -> set:
     """The expression nodes of a stage's ``body`` whose float arithmetic
-    keeps the association written (``ORDERED``: no ``reassoc``): the values
+    keeps the association written (``ORDERED``: no ``reassoc``, no
+    ``contract``; a product and a sum fuse where the emitter writes an fma,
+    ``_Emitter._fused``, not where LLVM's heuristics find one): the values
     compared (a float comparison's operands), those combined by a float max
     or min (a reduction's body included) and everything they are computed
     from, through the locals they read (a let, an inner reduction's
     accumulator).
 
     LLVM reassociates a tree of ``reassoc`` operations by the rank of its
-    operands, which follows their order in the surrounding code: the same
-    expression can round differently in a register tile, in its remainder
-    row and in another stage.  The derivative of a max or a min finds the
+    operands, which follows their order in the surrounding code, and fuses
+    ``contract`` ones where it sees fit: the same expression can round
+    differently in a register tile, in its remainder row and in another
+    stage.  The derivative of a max or a min finds the
     first position where the recomputed body *equals* the stored extremum
     (``derivative._seed_extremum``), and a select's derivative recomputes
     its comparison; so wherever a value is compared or is an extremum's
@@ -99,6 +102,26 @@ class _Emitter:
         """``base.<type>(args)`` for an overloaded intrinsic returning its argument type."""
         t = args[0].type
         return self.b.call(self.intrinsic(f"{base}.{mangle(t)}", t, [a.type for a in args]), list(args))
+
+    def _fused(self, node, vals, local_memo):
+        """``a * b + c`` (or ``-``) of an ordered node as one ``llvm.fma``
+        where the target has it, else None.  Ordered arithmetic carries no
+        ``contract`` flag: LLVM would fuse it where its heuristics find the
+        pattern, so a value could round differently in the stage that takes
+        a max and in the one that recomputes it to find the maximum's
+        position; fused here, it rounds the same wherever it is computed."""
+        if not (self.target.fma and isinstance(node, BinOp) and node.op in ("add", "sub")
+                and dt.is_float(node.dtype)):
+            return None
+        for k, (m, other) in enumerate(((node.a, vals[1]), (node.b, vals[0]))):
+            if isinstance(m, BinOp) and m.op == "mul" and m in self.ordered:
+                a, b = (self._lookup(x, local_memo) for x in (m.a, m.b))
+                a, b = (self.splat(x) if isinstance(other.type, ir.VectorType) and
+                        not isinstance(x.type, ir.VectorType) else x for x in (a, b))
+                if node.op == "sub":
+                    other, a = (self.b.fneg(other), a) if k == 0 else (other, self.b.fneg(a))
+                return self.call_intrinsic("llvm.fma", (a, b, other))
+        return None
 
     def libm(self, name, args):
         """The C function ``name`` on ``args``: one call per lane of a vector
@@ -390,7 +413,8 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
                     and any(isinstance(v.type, ir.VectorType) for v in vals)):
                 vals = [self.splat(v) for v in vals]
             outer, self.float_flags = self.float_flags, ORDERED if node in self.ordered else FAST
-            value = EXPR[type(node)](self, node, vals)
+            fused = self._fused(node, vals, local_memo) if node in self.ordered else None
+            value = EXPR[type(node)](self, node, vals) if fused is None else fused
             self.float_flags = outer
             varies = (isinstance(node, Local) or any(self.varies.get(k, False) for k in kids)
                           or isinstance(node, (BufLoad, GuardedLoad)) and node.buffer in self.written)

@@ -14,7 +14,7 @@ VALUE_TYPE = {"bool": I1, "int32": ir.IntType(32), "int64": I64,
               "float32": ir.FloatType(), "float64": ir.DoubleType()}
 MEMORY_TYPE = {**VALUE_TYPE, "bool": I8}
 FAST = ("reassoc", "contract", "nsz")
-ORDERED = ("contract", "nsz")         # FAST but in the association written: see ordered_nodes
+ORDERED = ("nsz",)                    # in the association written, fused only by the emitter: ordered_nodes
 
 
 
