@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .expr import BinOp, Cast, Const, Expr, Load, Select, Var, all_, const, equal, is_const, reduce, select, var
-from .visit import topo_order
+from .visit import conjuncts, free_vars, topo_order
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,27 @@ class Term:
 def naive(term: Term) -> Expr:
     """The sum of ``term`` over its whole domain, zeros included.  A guarded
     value's condition is tested before the indices, which may read data
-    defined only where it holds."""
-    hit = all_(*(equal(v, ix) for v, ix in zip(term.eq_vars, term.indices)))
+    defined only where it holds.  The summation variables from the first
+    whose range reads data (``q in 0 .. I[s]``) on are summed inside the
+    conditions on the variables before them, which may be what keeps that
+    read in range (``s < 3`` where ``s`` spans 5 and ``I`` has 3 elements)."""
+    hit = [equal(v, ix) for v, ix in zip(term.eq_vars, term.indices)]
     if isinstance(term.value, Select) and is_const(term.value.b, 0):
-        hit = all_(term.value.cond, hit)
-    return reduce("sum", select(hit, term.value, const(0, term.dtype)), term.sum_axes, term.sum_doms)
+        hit = conjuncts([term.value.cond]) + hit
+    zero = const(0, term.dtype)
+    k = next((n for n, dom in enumerate(term.sum_doms) if _reads_data(dom)), len(term.sum_doms))
+    inner = set(term.sum_axes[k:])
+    before = [c for c in hit if not free_vars(c) & inner]
+    within = [c for c in hit if free_vars(c) & inner]
+    body = select(all_(*within), term.value, zero) if within else term.value
+    body = reduce("sum", body, term.sum_axes[k:], term.sum_doms[k:])
+    body = select(all_(*before), body, zero) if before else body
+    return reduce("sum", body, term.sum_axes[:k], term.sum_doms[:k])
+
+
+def _reads_data(exprs) -> bool:
+    """Whether any of ``exprs`` reads a tensor."""
+    return any(isinstance(node, Load) for node in topo_order(list(exprs)))
 
 
 def read_guards(indices, kids=None) -> list:

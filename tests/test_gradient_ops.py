@@ -610,3 +610,29 @@ def test_the_untaken_branch_of_a_select_adds_zero_even_where_its_derivative_is_i
     x = np.array([[0.3, -0.4, 1.2]])
     n = np.sqrt((x * x).sum())
     np.testing.assert_allclose(kernel(x), np.cos(n) * x / n, rtol=4 * np.finfo(float).eps)
+
+
+def test_a_second_gradient_sums_a_data_range_inside_the_guard_that_keeps_it_in_range():
+    """The first gradient sums over ``q in .. I[c]`` under ``c < 3`` (``c`` spans
+    5, ``I`` has 3 elements); differentiating it again must keep that guard
+    outside the sum over ``q``, whose range reads ``I[c]``."""
+    rng = np.random.default_rng(11)
+    X = te.placeholder((5, 3), "float64", "X")
+    I = te.placeholder((3,), "int64", "I")
+    T = te.compute((2, 5, 5), lambda a, b, c: te.if_then_else(b <= a + 1, te.sin(X[c, (a - b) * (a - b)]), 0.0),
+                   name="T")
+    Y = te.compute((4, 3), lambda a, b: te.if_then_else(te.any(2 * a + b - 1 < 0, 2 * a + b - 1 >= 5), 0.0,
+                                                        T[I[b], 2 * a + b - 1, b]), name="Y")
+    dX, = te.gradient(Y, [X])
+    S = te.compute(dX.shape, lambda a, b: dX[a, b] * dX[a, b], name="S")
+    ddX, = te.gradient(S, [X])
+    x, idx = rng.normal(size=(5, 3)), rng.integers(0, 2, size=3)
+    # by hand: Y's element (a, b) is sin(X[b, (I[b] - r)^2]) for r = 2a + b - 1 in T's range
+    n = np.zeros((5, 3))
+    for a, b in itertools.product(range(4), range(3)):
+        r = 2 * a + b - 1
+        if 0 <= r < 5 and r <= idx[b] + 1:
+            n[b, (idx[b] - r) ** 2] += 1
+    got_dx, got_ddx = run([X, I], [dX, ddX], [x, idx])
+    assert_close(got_dx, n * np.cos(x), rtol=1e-12, atol=1e-12)
+    assert_close(got_ddx, -2 * n * n * np.cos(x) * np.sin(x), rtol=1e-12, atol=1e-12)
