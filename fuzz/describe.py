@@ -283,8 +283,10 @@ class Call(Expr):
 
 
 # te's composites in torch, with te's tie rules (torch.clip's value takes its
-# first operand's shape and sends a tie's gradient to x)
-TORCH_CALL = {"clip": lambda x, lo, hi: f"minimum({hi}, maximum({lo}, {x}))"}
+# first operand's shape and sends a tie's gradient to x) and its zeros
+# (atan2 counts a zero as +0: -0.0 + 0.0 is +0.0)
+TORCH_CALL = {"clip": lambda x, lo, hi: f"minimum({hi}, maximum({lo}, {x}))",
+              "atan2": lambda y, x: f"torch.atan2({y} + 0.0, {x} + 0.0)"}
 
 
 # te spelling, torch spelling; an infix operator is written "(a OP b)"

@@ -103,6 +103,7 @@ class Generator(Forms, Large):
         self.batch = None
         self.pool = []               # sub-expressions of the body being generated, for reuse
         self.depths = [1, 2, 3]      # expression depths of a compute body
+        self.second = None           # the second-order gradient's form, if any
 
     # ------------------------------------------------------------ helpers
 
@@ -132,7 +133,7 @@ class Generator(Forms, Large):
             self.tag("batch:empty" if self.batch == 0 else "batch")
         # a second-order gradient costs 3 to 6 times a first-order one to build:
         # such programs are smaller (two computes, shallower bodies)
-        second = self.pick([None, "squares", "head"], [8, 1, 1])
+        second = self.second = self.pick([None, "squares", "head"], [8, 1, 1])
         if second:
             self.tag(f"second:{second}")
         n = int(self.pick([1, 2, 3], [2, 3, 0 if second else 2]))
@@ -304,6 +305,9 @@ class Generator(Forms, Large):
                                                      for _ in range(OPS[op].arity - 1)]
             if op == "clip":
                 return V(Call(op, tuple(v.e for v in args)), *hull(*args))
+            if op == "atan2" and self.second and args[1].lo < 0.25 and args[1].hi > -0.25:
+                # atan2's second derivative is not finite at the origin: x kept from 0
+                args[1] = self.positive(args[1])
             return V(Call(op, tuple(v.e for v in args)), *_range(OPS[op].fold, args))
         b = self.gen_num(scope, depth) if self.chance(0.2) else self.expr(scope, depth)
         if self.chance(0.5):

@@ -983,20 +983,23 @@ def atan_f64(fe, x):
 
 
 def atan2_f64(fe, y, x):
-    """``atan(|y| / |x|)`` placed in its quadrant (``pi -`` it where ``x``'s sign
-    bit is set, ``y``'s sign); C99's values where both are zeros or both
-    infinities (the quotient's NaN)."""
+    """``atan(|y| / |x|)`` placed in its quadrant (``pi -`` it where ``x < 0``,
+    negated where ``y < 0``); C99's values where both are zeros or both
+    infinities (the quotient's NaN).  A zero counts as +0 whatever its sign
+    bit: the arithmetic before may drop the sign of a zero (``nsz``, and
+    zero elimination), so testing it would make the angle depend on how the
+    program was rewritten (``pi`` or ``-pi`` for ``0 - 0``)."""
     o = _Ops64(fe, x)
     b = o.b
     ax, ay = o.call("llvm.fabs", x), o.call("llvm.fabs", y)
     t = _atan_abs(o, o.div(ay, ax))
-    left = b.icmp_signed("<", b.bitcast(x, o.t(I64)), o.i(0))
+    left = b.fcmp_ordered("<", x, o.f(0.0))
     r = b.select(left, _minus(o, _PI, t), t)
     zeros = b.and_(o.eq(ax, o.f(0.0)), o.eq(ay, o.f(0.0)))
     infinities = b.and_(o.eq(ax, o.f(float("inf"))), o.eq(ay, o.f(float("inf"))))
     r = b.select(zeros, b.select(left, o.f(_PI[0]), o.f(0.0)), r)
     r = b.select(infinities, b.select(left, o.f(3 * _PI_4[0]), o.f(_PI_4[0])), r)
-    return o.call("llvm.copysign", r, y)
+    return b.select(b.fcmp_ordered("<", y, o.f(0.0)), b.fneg(r), r)
 
 
 def asin_f64(fe, x):

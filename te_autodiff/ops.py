@@ -161,7 +161,14 @@ def _atan2_derivative(e, g):
     return _pick(away, g * e.b / r), _pick(away, -g * e.a / r)
 
 
-_op("atan2", 2, math.atan2, _atan2_derivative, "The angle of the point (x, y), in [-pi, pi]: atan2(y, x).",
+def _atan2(y, x):
+    # a zero counts as +0 (see fast_math.atan2_f64): -0.0 + 0.0 is +0.0
+    return math.atan2(y + 0.0, x + 0.0)
+
+
+_op("atan2", 2, _atan2, _atan2_derivative,
+    "The angle of the point (x, y), in [-pi, pi]: atan2(y, x); a zero operand counts as +0 "
+    "(te's arithmetic does not keep the sign of a zero), so atan2(0, x < 0) is pi.",
     work=TRANSCENDENTAL, libm=_libm("atan2"))
 
 _op("neg", 1, operator.neg, lambda e, g: (-g,), "-a", keeps_dtype=True, public=None)

@@ -41,7 +41,7 @@ F64 = "float64"
 # programs that failed in an exploration, on a library bug since fixed (each
 # also a reduced regression test where the fix is): they stay fixed
 FOUND = (71000187, 71002195, 71003427, 72000615, 72000919, 72001077, 72001389, 72002020, 73019841,
-         53000318)
+         53000318, 59006724, 59011692, 59012196)
 
 
 def test_programs_explorations_found_stay_fixed():
