@@ -31,8 +31,9 @@ Templates, with ``T`` the thresholds:
   over rows inside;
 * ``gemm`` (register_tile, panels, packing, k_blocks, row_blocks): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
   min), either operand sometimes transposed, with ``k`` about
-  ``T.gemm_min_trips`` (``gemm_trips``) or ``T.k_block_min``
-  (``k_block``), ``i`` about
+  ``T.gemm_min_trips`` (``gemm_trips``), ``T.k_block_min`` (``k_block``, ``B``
+  read in place) or ``T.k_block_panel_min`` with ``B`` a panel
+  (``k_block_panel``), ``i`` about
   ``T.tile_rows`` (``tile_rows``), ``B`` about ``T.panel_elements``
   (``panel``), ``i`` about ``T.pack_min_reuse`` with ``B[j, k]``
   (``pack_reuse``), ``A`` about ``T.row_block_elements`` (``row_block``);
@@ -76,7 +77,7 @@ TEMPLATES = {"split": 3, "vector": 2, "lane_reduction": 3, "gemm": 4, "transpose
              "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5, "nested": 2}
 # the thresholds straddled (large:<name>:below|at|above), by template; the split's sides are its own
 STRADDLED = {"vector": ("vector", "tile_width"), "lane_reduction": ("reduce_lanes", "align", "sum_run"),
-             "gemm": ("gemm_trips", "k_block", "tile_rows", "panel", "pack_reuse", "row_block"),
+             "gemm": ("gemm_trips", "k_block", "k_block_panel", "tile_rows", "panel", "pack_reuse", "row_block"),
              "transpose": ("gather_half", "gather_block", "transpose_blocks", "align_blocks", "l1_ways"),
              "residues": ("residues",), "stencil": ("interior", "interior_ends"), "root": ("min_root", "weighed_root"),
              "chains": ("chains1", "chains2"), "row_peel": ("row_peel",), "nested": ("loop_reuse",)}
@@ -210,13 +211,16 @@ class Large:
 
     def large_gemm(self, T) -> Compute:
         which = self.pick(list(STRADDLED["gemm"]),
-                          [3, 3, 3, 2, 2, 1])
+                          [3, 3, 1, 3, 2, 2, 1])
         i, j, k = T.tile_rows + 1, T.tile_vectors * T.lanes + 1, T.gemm_min_trips + 1
         a_t, b_t = self.chance(0.3), self.chance(0.3)           # A[k, i], B[j, k]
         if which == "gemm_trips":
             k = self.straddle(which, T.gemm_min_trips)
         elif which == "k_block":
-            k = self.straddle(which, T.k_block_min)
+            k, b_t = self.straddle(which, T.k_block_min), False
+        elif which == "k_block_panel":
+            i, j = T.pack_min_reuse * T.tile_rows, 2 * T.tile_vectors * T.lanes
+            k = self.straddle(which, T.k_block_panel_min)
         elif which == "tile_rows":
             i = self.straddle(which, T.tile_rows)
         elif which == "panel":

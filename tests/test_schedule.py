@@ -13,6 +13,7 @@ from lowering.loop_ir import For, If, Simd, expr_text, loads_in, stmt_exprs, stm
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import TILE_VECTORS, blocking
+from lowering.schedule.blocking import Blocking
 from lowering.schedule.aligned_grid import ALIGN_MIN_VECTORS
 from lowering.schedule.packing import PACK_MIN_REUSE
 from lowering.schedule.residue_classes import MAX_RESIDUES
@@ -195,15 +196,25 @@ def test_gemm_operands_are_read_from_panels(rng, n, k, m, threads):
     np.testing.assert_allclose(runs[0], a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_k_blocks_of_a_gemm_with_a_transposed_output_add_up_in_a_temporary(rng):
-    """The lanes run along the batch, which is not contiguous in the output:
-    the K blocks keep their partial sums in a temporary with the batch last,
-    and an epilogue stage applies tanh and writes the output."""
-    k = 2 * blocking(te.target()).k_block - 12           # two blocks (500 with 256-step blocks)
+def _transposed_gemm(k):
     X = te.placeholder((64, k), "float32", "X")
     W = te.placeholder((256, k), "float32", "W")
     r = te.reduce_axis(k, "r")
     Y = te.compute((64, 256), lambda i, j: te.tanh(te.sum(X[i, r] * W[j, r], axis=r)), name="Y")
+    return X, W, Y
+
+
+def test_k_blocks_of_a_gemm_with_a_transposed_output_add_up_in_a_temporary(rng):
+    """The lanes run along the batch, which is not contiguous in the output:
+    the K blocks keep their partial sums in a temporary with the batch last,
+    and an epilogue stage applies tanh and writes the output.  The column
+    operand is a panel (``X.packed``): blocks of ``k_block_panel`` steps,
+    from a reduction longer than 1.5 of them."""
+    bl = blocking(te.target())
+    X, W, Y = _transposed_gemm(Blocking.k_block_min(bl.k_block_panel))      # at the threshold: one block
+    assert [s.name for s in te.build([X, W], [Y]).program.stages][-2:] == ["X.packed", "Y"]
+    k = 2 * bl.k_block_panel - 12                        # two blocks
+    X, W, Y = _transposed_gemm(k)
     kernel = te.build([X, W], [Y])
     assert [s.name for s in kernel.program.stages][-2:] == ["Y.sums", "Y"]
     x = rng.standard_normal(X.shape, np.float32) * 0.05
@@ -237,8 +248,10 @@ def test_gemm_tails_and_blocked_reductions(rng, n, k, m, transposed):
 
 
 def test_k_blocked_gemm_keeps_each_elements_sum_order(rng):
-    """Blocks resume from the partial sum: same bits as one unblocked pass."""
-    A, B, C = matmul(24, 3 * blocking(te.target()).k_block - 68, 40)    # 700 with 256-step blocks
+    """Blocks resume from the partial sum: same bits as one unblocked pass.
+    Three row tiles read ``B`` too few times for a panel: blocks of
+    ``k_block`` steps."""
+    A, B, C = matmul(24, 3 * blocking(te.target()).k_block - 68, 40)
     Y = te.compute(C.shape, lambda i, j: te.tanh(C[i, j]) * 2.0, name="Y")
     kernel = te.build([A, B], [Y])
     assert "k.b" in kernel.scheduled_ir
@@ -601,7 +614,7 @@ def test_large_outputs_written_once_use_streaming_stores(rng):
     assert "llvm.x86.sse.sfence" in big.llvm_ir
     xs = rng.standard_normal(n).astype(np.float32)
     np.testing.assert_allclose(big(xs), np.exp(xs) * 2.0, rtol=2e-6)
-    A, B, C = matmul(512, 1024, 1024)
+    A, B, C = matmul(512, 2 * blocking(te.target()).k_block_panel, 1024)   # B a panel, in two K blocks
     gemm = te.build([A, B], [C])
     assert "k.b" in gemm.scheduled_ir and "!nontemporal" not in gemm.llvm_ir
     y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
@@ -812,7 +825,7 @@ def test_ragged_parallel_root_is_weighed_by_its_work(rng, threads, collapsed):
     k = te.reduce_axis(784, "k")
     h = te.compute((128, 512), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name="h")
     kernel = te.build([X, W], [h], target=replace(te.target("haswell"), threads=threads))
-    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage h.sums:")[1].splitlines() if "parallel" in ln][0]
+    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage h:")[1].splitlines() if "parallel" in ln][0]
     assert root == ("parallel for j.b.i.o in 0..120:" if collapsed else "parallel for j.b in 0..15:")
     if kernel.target.missing_on_host() is None:
         x, w = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W))

@@ -28,9 +28,14 @@ class Blocking:
       reduction step fill the register file (16 registers: 6 x 2, BLIS's
       haswell 6x16; 32 registers: 8 x 2, capped by ``MAX_TILE_ROWS``);
     * ``k_block``: reduction steps per block, the largest power of two whose
-      packed ``k_block x TILE_VECTORS`` vector slice fills at most two thirds
-      of L1 (the rest holds a row tile's operands and the output tile);
-      longer reductions than ``1.5 k_block`` are blocked;
+      ``k_block x TILE_VECTORS`` vector slice of the column operand fills at
+      most two thirds of L1 (the rest holds a row tile's operands and the
+      output tile), for an operand read in place;
+    * ``k_block_panel``: the same from a column panel, whose slice may fill
+      half of L2: a panel is read in address order, which the prefetcher
+      streams from L2 ahead of the multiply-adds, while each block costs a
+      reload and a store of every output tile; a reduction longer than 1.5
+      blocks is blocked (:meth:`k_block_min`);
     * ``panel_min_bytes``: operands larger than L1 (the power of two at or
       above it) are read from panels;
     * ``row_block_bytes``: half of L2 (a power of two), the row operand's
@@ -45,13 +50,15 @@ class Blocking:
     target: Target
     tile_rows: int
     k_block: int
+    k_block_panel: int
     panel_min_bytes: int
     row_block_bytes: int
     math_chains: int
 
-    @property
-    def k_block_min(self) -> int:
-        return self.k_block * 3 // 2
+    @staticmethod
+    def k_block_min(size: int) -> int:
+        """The shortest reduction cut into blocks of ``size``."""
+        return size * 3 // 2
 
     def lanes(self, itemsize: int) -> int:
         return self.target.lanes(itemsize)
@@ -61,6 +68,8 @@ def blocking(target: Target) -> Blocking:
     """The :class:`Blocking` of ``target`` (see there for each derivation)."""
     regs = target.vector_registers
     rows = min(MAX_TILE_ROWS, (regs - TILE_VECTORS - 1) // TILE_VECTORS)
-    k_block = pow2_floor(target.l1_bytes * 2 // 3 // (TILE_VECTORS * target.vector_bytes))
-    return Blocking(target, rows, k_block, 1 << (target.l1_bytes - 1).bit_length(),
+    slice_row = TILE_VECTORS * target.vector_bytes
+    k_block = pow2_floor(target.l1_bytes * 2 // 3 // slice_row)
+    return Blocking(target, rows, k_block, pow2_floor(target.l2_bytes // 2 // slice_row),
+                    1 << (target.l1_bytes - 1).bit_length(),
                     pow2_floor(target.l2_bytes // 2), max(1, regs // CHAIN_REGISTERS))

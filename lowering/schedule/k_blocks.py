@@ -1,8 +1,10 @@
 """K blocks: a GEMM reduction longer than ``Blocking.k_block_min`` is cut into
-equal blocks of at most ``Blocking.k_block`` steps, each resuming from the
-partial sums the block before left, and the loops are ordered column
-tiles, K blocks, row tiles: a block x tile-width slice of the packed operand
-stays in L1 while the row tiles pass.  Each element still adds its terms in
+equal blocks of at most ``Blocking.k_block`` steps (``k_block_panel`` when
+the column operand is read from a panel), each resuming from the partial
+sums the block before left, and the loops are ordered column tiles, K
+blocks, row tiles: a block x tile-width slice of the column operand stays
+in L1 (in L2 for a panel, streamed in address order) while the row tiles
+pass.  Each element still adds its terms in
 the same order, so the result is bit-identical."""
 from __future__ import annotations
 
@@ -31,12 +33,12 @@ class KBlocks:
     var: Var
 
 
-def _k_blocks(body: Block, out: Buffer, j: Var, bl: Blocking):
+def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     """The :class:`KBlocks` of a GEMM-like element body ``acc = init; for k:
     acc = acc + ...; out[idx] = f(acc)`` whose loop is longer than
-    ``bl.k_block_min``: equal blocks of at most ``bl.k_block`` iterations
-    (784 = 4 x 196: no short last block paying a whole block's loads and
-    stores of the accumulators).  None for any other body."""
+    ``Blocking.k_block_min(size)``: equal blocks of at most ``size``
+    iterations (784 = 4 x 196: no short last block paying a whole block's
+    loads and stores of the accumulators).  None for any other body."""
     stmts = body.stmts
     if len(stmts) < 3 or not isinstance(stmts[-1], Store) or stmts[-1].buffer is not out:
         return None
@@ -45,7 +47,7 @@ def _k_blocks(body: Block, out: Buffer, j: Var, bl: Blocking):
         return None
     loop = stmts[-2]
     if not (isinstance(loop.lo, Const) and isinstance(loop.extent, Const)) \
-            or loop.extent.value <= bl.k_block_min:
+            or loop.extent.value <= Blocking.k_block_min(size):
         return None
     writes = {x.local for x in walk(loop) if isinstance(x, Assign)}
     declared = {x.local for x in walk(loop) if isinstance(x, Alloc)}
@@ -54,7 +56,7 @@ def _k_blocks(body: Block, out: Buffer, j: Var, bl: Blocking):
             isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const) for x in stmts[:-2]):
         return None
     n = loop.extent.value
-    count = -(-n // bl.k_block)
+    count = -(-n // size)
     in_place = stride(stmts[-1].index, j) == 1 and acc.dtype == out.dtype
     return KBlocks(acc, n, count, -(-n // count), in_place, var("k.b"))
 
@@ -100,7 +102,9 @@ def decide(plan, bl: Blocking):
     register tile."""
     if plan.i is None:
         return plan
-    return replace(plan, k_blocks=_k_blocks(plan.body, plan.out, plan.j, bl))
+    panel = any(c.panel is not None and c.panel[1] is plan.jt for c in plan.copies)
+    size = bl.k_block_panel if panel else bl.k_block
+    return replace(plan, k_blocks=_k_blocks(plan.body, plan.out, plan.j, size))
 
 
 def build(plan, nest: Nest, stage: Stage, body: Block, temps: Temporaries):
