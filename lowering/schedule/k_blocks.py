@@ -4,8 +4,8 @@ the column operand is read from a panel), each resuming from the partial
 sums the block before left, and the loops are ordered column tiles, K
 blocks, row tiles: a block x tile-width slice of the column operand stays
 in L1 (in L2 for a panel, streamed in address order) while the row tiles
-pass.  Each element still adds its terms in
-the same order, so the result is bit-identical."""
+pass.  Each element still adds its terms in the same order, so the result
+is bit-identical."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
