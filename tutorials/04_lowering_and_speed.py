@@ -128,7 +128,8 @@ for name in ("haswell", "skylake-avx512"):
     accs, tile = largest_tile(schedule_program(plain3, t), "Y")
     print(f"  {name:15s} {t.vector_bytes}-byte vectors, {t.vector_registers} registers -> "
           f"simd[{t.lanes(4)}], register tile {bl.tile_rows} x {TILE_VECTORS} vectors "
-          f"({accs} accumulators in the forward conv), K block {bl.k_block}")
+          f"({accs} accumulators in the forward conv), K blocks of {bl.k_block} steps "
+          f"({bl.k_block_panel} from a panel)")
     assert accs == bl.tile_rows * TILE_VECTORS
     columns[name] = [line.strip()[:56] for line in tile]
 print(f"\n  {'haswell (AVX2)':60s}skylake-avx512 (AVX-512)")
