@@ -35,8 +35,7 @@ class Thresholds:
     panel_elements: int         # operands at least this large are read from panels (panels)
     k_block: int                # reduction steps per K block (k_blocks) ...
     k_block_min: int            # ... for reductions longer than this
-    k_block_panel: int          # the same when the column operand is a panel ...
-    k_block_panel_min: int      # ... and the reductions it blocks
+    k_block_panel_min: int      # the same when the column operand is a panel (k_block_panel)
     row_block_elements: int     # row operands larger than this are visited in row blocks (row_blocks)
     gather_block: int           # rows per gather block (gather_blocks)
     transpose_blocks: int       # gather blocks visited together when a column sweep exceeds L1 (gather_blocks)
@@ -71,8 +70,7 @@ def thresholds() -> Thresholds:
         gemm_min_trips=GEMM_MIN_TRIPS, tile_rows=bl.tile_rows, tile_vectors=TILE_VECTORS,
         math_chains=bl.math_chains,
         panel_elements=bl.panel_min_bytes // ITEMSIZE, k_block=bl.k_block,
-        k_block_min=Blocking.k_block_min(bl.k_block), k_block_panel=bl.k_block_panel,
-        k_block_panel_min=Blocking.k_block_min(bl.k_block_panel),
+        k_block_min=Blocking.k_block_min(bl.k_block), k_block_panel_min=Blocking.k_block_min(bl.k_block_panel),
         row_block_elements=bl.row_block_bytes // ITEMSIZE, gather_block=GATHER_BLOCK,
         transpose_blocks=TRANSPOSE_BLOCKS, l1_lines=target.l1_bytes // target.cache_line,
         way_elements=target.l1_bytes // target.l1_ways // ITEMSIZE, min_root=MIN_ROOT, weighed_root=WEIGHED_ROOT,
