@@ -249,9 +249,10 @@ def test_gemm_tails_and_blocked_reductions(rng, n, k, m, transposed):
 
 def test_k_blocked_gemm_keeps_each_elements_sum_order(rng):
     """Blocks resume from the partial sum: same bits as one unblocked pass.
-    Three row tiles read ``B`` too few times for a panel: blocks of
-    ``k_block`` steps."""
-    A, B, C = matmul(24, 3 * blocking(te.target()).k_block - 68, 40)
+    One row tile fewer than ``PACK_MIN_REUSE`` reads ``B`` too few times
+    for a panel: blocks of ``k_block`` steps."""
+    bl = blocking(te.target())
+    A, B, C = matmul((PACK_MIN_REUSE - 1) * bl.tile_rows, 3 * bl.k_block - 68, 40)
     Y = te.compute(C.shape, lambda i, j: te.tanh(C[i, j]) * 2.0, name="Y")
     kernel = te.build([A, B], [Y])
     assert "k.b" in kernel.scheduled_ir
