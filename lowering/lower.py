@@ -71,7 +71,11 @@ Stages
 ------
 Each stored tensor becomes one :class:`Stage`: a row-major loop nest over its
 shape whose body evaluates the tensor's expression and stores it.  Inside a
-body, a reduction becomes an accumulator and a loop nest; a select whose
+body, a reduction becomes an accumulator and a loop nest (a sum over a
+fixed domain multiplies by its term's factors that the loop does not change
+once, after the loop: ``Σ_j c·x_j·y_j`` is ``c·Σ_j x_j·y_j``, so a scaled
+contraction, such as attention's gradient through ``QKᵀ/√d``, keeps one
+multiply-add per step); a select whose
 branches read memory they are not provably allowed to read (or hold
 reductions) becomes an ``If``, as does the right operand of ``and``/``or``;
 reads whose index comes from tensor data get a run-time :class:`Check`.  A
@@ -86,7 +90,7 @@ from collections import ChainMap
 
 from te_autodiff import dtype as dt
 from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, ScanState, Select, Unary, Var, add,
-                              cast, compare, const, identity_of, logic_and, logic_not, logic_or,
+                              binop, cast, compare, const, identity_of, logic_and, logic_not, logic_or,
                               maximum, minimum, mul, select, sub, var)
 from te_autodiff.graph import tensors_in_order
 from te_autodiff.lift import is_lifted_part
@@ -99,7 +103,8 @@ from te_autodiff.visit import (children, eager_children, free_vars, is_leaf, reb
 from .bounds_check import Scope, bounds, check_tensor, in_bounds, is_index_only, reads
 from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (LOOP_NEST_NODES, STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local,
-                      Program, Stage, Store, TimeLoop, children as loop_children, simplify_index)
+                      Program, Stage, Store, TimeLoop, children as loop_children, free_leaves, simplify_index,
+                      walk)
 
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
 CHEAP_WORK = 3              # inlined when not read inside a reduction
@@ -656,6 +661,11 @@ class _Emitter:
             levels.append((em, ax, dom))
             em = em.child(em.scope.with_vars((ax,), (dom,)))
         v = em.value(e.body)
+        outside = []
+        if e.op == "sum" and dt.is_float(dtype) and all(isinstance(lo, Const) and isinstance(ext, Const)
+                                                       and ext.value > 0 for lo, ext in doms):
+            inner = [*em.stmts, *(s for outer, _, _ in levels if outer is not self for s in outer.stmts)]
+            outside, v = _invariant_factors(v, set(e.axes) | _defined(inner))
         if e.op == "argmax":
             pos = self.ctx.local("pos", dt.INDEX)
             self.emit(Alloc(pos, const(0, dt.INDEX)))
@@ -665,12 +675,44 @@ class _Emitter:
         else:
             update = Assign(acc, cast(dtype, _COMBINE[e.op](acc, v)))
             result = acc
+            for op, f in outside:
+                result = binop(op, result, f)
         body = Block(tuple(em.stmts) + (update,))
         for outer, ax, (lo, ext) in reversed(levels):
             before = () if outer is self else tuple(outer.stmts)
             body = Block(before + (For(ax, lo, ext, body),))
         self.stmts += body.stmts
         return result
+
+
+def _defined(stmts) -> set:
+    """The locals that ``stmts`` allocate."""
+    return {x.local for s in stmts for x in walk(s) if isinstance(x, Alloc)}
+
+
+def _invariant_factors(v, bound: set):
+    """``(outside, rest)``: ``v`` as a product (``*``, ``/``) split into
+    ``outside``, ``(op, factor)`` pairs reading nothing in ``bound`` (a
+    reduction's variables and the locals its loop defines), and the ``rest``
+    the loop evaluates; ``([], v)`` unless both parts are non-empty.  The
+    factors are applied after the loop, which has run (its domain is fixed
+    and not empty) and so has made every check of a read they need.  A
+    negation stays: a multiply-add negates for free (``fnmadd``)."""
+    inside, outside, stack = [], [], [("mul", v)]
+    while stack:
+        op, f = stack.pop()
+        if isinstance(f, BinOp) and f.op in ("mul", "div") and dt.is_float(f.dtype) and op == "mul":
+            stack += [(f.op, f.b), ("mul", f.a)]
+        elif free_leaves(f).isdisjoint(bound):
+            outside.append((op, f))
+        else:
+            inside.append((op, f))
+    if not (inside and outside):
+        return [], v
+    rest = const(1, v.dtype)
+    for op, f in inside:
+        rest = binop(op, rest, f)
+    return outside, rest
 
 
 class _NestedTooDeeply(Exception):

@@ -221,3 +221,46 @@ def test_a_max_gradient_finds_its_maximum_where_candidates_fuse_a_product(rng, t
                     v = gv[a1, a2]
                     want[o0, rows[a1], a2] += h[o0, o1, o2] * (1 - v * v) / (v * v + 1) ** 2 * x1[a1, a2, o2]
     np.testing.assert_allclose(kernel(x0, x1, h), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_sum_multiplies_by_the_factors_its_loop_does_not_change_once(rng):
+    """``Σ_k s_i·A_ik·0.3·B_kj / t_j``: the loop accumulates ``A·B`` alone
+    and the factors scale the sum after it (a scaled contraction keeps one
+    multiply-add per step)."""
+    A, B = te.placeholder((5, 7), "float64", "A"), te.placeholder((7, 6), "float64", "B")
+    S, T = te.placeholder((5,), "float64", "S"), te.placeholder((6,), "float64", "T")
+    k = te.reduce_axis(7, "k")
+    C = te.compute((5, 6), lambda i, j: te.sum(S[i] * A[i, k] * 0.3 * B[k, j] / T[j], axis=k), name="C")
+    kernel = te.build([A, B, S, T], [C])
+    update, = [line for line in kernel.loop_ir.splitlines() if "acc" in line and "A[" in line]
+    assert "S[" not in update and "T[" not in update and "0.3" not in update
+    a, b, s = rng.standard_normal((5, 7)), rng.standard_normal((7, 6)), rng.standard_normal(5)
+    t = rng.uniform(1, 2, 6)
+    np.testing.assert_allclose(kernel(a, b, s, t), 0.3 * s[:, None] * (a @ b) / t, rtol=1e-13)
+
+
+def test_factors_stay_inside_a_sum_whose_domain_may_be_empty():
+    """An empty sum is 0 whatever its factors: ``Σ_{k<i} X_k·Y_i`` at
+    ``i = 0`` with ``Y_0 = inf`` is 0, not ``inf·0``."""
+    n = 4
+    X, Y = te.placeholder((n,), "float64", "X"), te.placeholder((n,), "float64", "Y")
+
+    def prefix(i):
+        k = var("k")
+        return reduce("sum", X[k] * Y[i], [k], [(const(0, I64), i)])
+
+    out = te.compute((n,), prefix, name="prefix")
+    y = np.array([np.inf, 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(build_run([X, Y], [out], np.ones(n), y), [0.0, 1.0, 4.0, 9.0])
+
+
+def test_a_factor_read_at_a_data_index_is_checked_before_it_is_read():
+    X, Y = te.placeholder((6,), "float32", "X"), te.placeholder((3,), "float32", "Y")
+    I = te.placeholder((2,), "int32", "I")
+    k = te.reduce_axis(6, "k")
+    out = te.compute((2,), lambda i: te.sum(X[k] * Y[I[i]], axis=k), name="out")
+    kernel = te.build([X, Y, I], [out])
+    x, y = np.ones(6, np.float32), np.float32([1, 2, 3])
+    np.testing.assert_array_equal(kernel(x, y, np.int32([2, 0])), [18, 6])
+    with pytest.raises(IndexError, match="tensor 'Y'"):
+        kernel(x, y, np.int32([1, 1 << 20]))
