@@ -14,7 +14,8 @@ programs have no batch axis and no second-order step, and every float input
 is differentiated.
 
 Tags: ``large:<template>``, and ``large:<threshold>:below|at|above`` for
-the threshold it straddles (``large:split:below|at|prime|outer``).
+the threshold it straddles (``large:split:below|at|prime|outer``);
+``large:batched`` for a batched GEMM.
 Templates, with ``T`` the thresholds:
 
 * ``split`` (split_reduction): a sum, max or min into shape (), (1,) or (1, 1)
@@ -30,7 +31,9 @@ Templates, with ``T`` the thresholds:
   ``8 * T.sum_run * T.lanes`` (``sum_run``) points, sometimes with a loop
   over rows inside;
 * ``gemm`` (register_tile, panels, packing, k_blocks, row_blocks): ``Σ_k a(A[i, k]) * b(B[k, j])`` (or a max,
-  min), either operand sometimes transposed, with ``k`` about
+  min), either operand sometimes transposed, sometimes batched (``Y[b, i, j]``
+  of ``A[b, i, k]``, ``B[b, k, j]``: copies hold the whole batch; tagged
+  ``large:batched``), with ``k`` about
   ``T.gemm_min_trips`` (``gemm_trips``), ``T.k_block_min`` (``k_block``, ``B``
   read in place) or ``T.k_block_panel_min`` with ``B`` a panel
   (``k_block_panel``), ``i`` about
@@ -84,7 +87,8 @@ STRADDLED = {"vector": ("vector", "tile_width"), "lane_reduction": ("reduce_lane
 SPLIT_SIDES = ("below", "at", "prime", "outer")
 SIDES = {"below": -1, "at": 0, "above": 1}
 # every tag of the large programs (the tests check that each is generated)
-FEATURES = frozenset({"large"} | {f"large:{t}" for t in TEMPLATES} | {f"large:split:{s}" for s in SPLIT_SIDES}
+FEATURES = frozenset({"large", "large:batched"} | {f"large:{t}" for t in TEMPLATES}
+                     | {f"large:split:{s}" for s in SPLIT_SIDES}
                      | {f"large:{name}:{side}" for names in STRADDLED.values() for name in names for side in SIDES})
 GRID_BUDGET = 1 << 18       # grid points past which a body is one leaf (torch materialises the grid)
 
@@ -232,16 +236,20 @@ class Large:
             k, a_t = T.k_block, False
             i = self.straddle(which, T.row_block_elements // k)
         op = self.pick(["sum", "max", "min"], [4, 1, 1])
+        batch = () if self.chance(0.7) else (int(self.pick([1, 2, 3])),)       # copies of a whole batch
+        if batch:
+            self.tag("large:batched")
 
         def product(scope, r):
-            ii, jj, kk = scope.vars[0], scope.vars[1], r[0]
-            a = self.body_over([self.leaf(scope, kk, ii) if a_t else self.leaf(scope, ii, kk)], scope)
-            b = self.body_over([self.leaf(scope, jj, kk) if b_t else self.leaf(scope, kk, jj)], scope)
+            nb = len(batch)
+            bb, (ii, jj), kk = scope.vars[:nb], scope.vars[nb:nb + 2], r[0]
+            a = self.body_over([self.leaf(scope, *bb, kk, ii) if a_t else self.leaf(scope, *bb, ii, kk)], scope)
+            b = self.body_over([self.leaf(scope, *bb, jj, kk) if b_t else self.leaf(scope, *bb, kk, jj)], scope)
             return self.binary_of("mul", a, b)
 
         def body(scope, axes):
-            return self.plus_outer(self.reduced(scope, op, (k,), product), scope, [self.leaf(scope, axes[1])])
-        return self.output((i, j), body)
+            return self.plus_outer(self.reduced(scope, op, (k,), product), scope, [self.leaf(scope, axes[-1])])
+        return self.output(batch + (i, j), body)
 
     def large_transpose(self, T) -> Compute:
         which = self.pick(list(STRADDLED["transpose"]))

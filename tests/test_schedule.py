@@ -519,6 +519,41 @@ def test_a_transposed_product_copies_an_operand_at_every_size(m, k):
     assert read & copies and len(read & {"A", "B"}) <= 1
 
 
+@pytest.mark.parametrize("rows", [PACK_MIN_REUSE - 1, 64])
+def test_a_batched_transposed_product_copies_the_whole_batch(rng, rows):
+    """``S[a, i, j] = Σ_k Q[a, i, k] K[a, j, k]`` (attention's scores): ``K``
+    reads the output loop ``a``, so its transposed copy holds every batch,
+    ``K.packed`` as large as ``K``; re-read fewer than ``PACK_MIN_REUSE``
+    times (by the rows ``i``) it is not copied."""
+    Q, K = te.placeholder((3, rows, 64), "float32", "Q"), te.placeholder((3, 80, 64), "float32", "K")
+    k = te.reduce_axis(64, "k")
+    S = te.compute((3, rows, 80), lambda a, i, j: te.sum(Q[a, i, k] * K[a, j, k], axis=k), name="S")
+    kernel = te.build([Q, K], [S])
+    copy = {b.name: b for b in kernel.program.buffers}.get("K.packed")
+    assert (copy is not None and copy.size >= 3 * 80 * 64) == (rows >= PACK_MIN_REUSE)
+    q, kk = rng.standard_normal(Q.shape, np.float32), rng.standard_normal(K.shape, np.float32)
+    np.testing.assert_allclose(kernel(q, kk), np.einsum("aik,ajk->aij", q.astype(np.float64), kk),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_batched_panel_counts_its_reuse_without_the_batch(rng):
+    """``dK[a, j, c] = Σ_i dS[a, i, j] Q[a, i, c]``: ``Q`` is re-read by every
+    row tile of ``j``, so its column panels (one per batch) pay; each element
+    of ``dS`` only by the column tiles of ``c``, one here: copying the large
+    ``dS`` into row panels would cost a pass over it for nothing, however
+    many batches ``a`` holds."""
+    width = TILE_VECTORS * te.target().lanes(4)
+    dS, Q = te.placeholder((8, 512, 128), "float32", "dS"), te.placeholder((8, 512, width), "float32", "Q")
+    i = te.reduce_axis(512, "i")
+    dK = te.compute((8, 128, width), lambda a, j, c: te.sum(dS[a, i, j] * Q[a, i, c], axis=i), name="dK")
+    kernel = te.build([dS, Q], [dK])
+    names = {b.name for b in kernel.program.buffers}
+    assert "Q.packed" in names and "dS.packed" not in names
+    ds, q = rng.standard_normal(dS.shape, np.float32), rng.standard_normal(Q.shape, np.float32)
+    np.testing.assert_allclose(kernel(ds, q), np.einsum("aij,aic->ajc", ds.astype(np.float64), q),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_small_kernels_run_on_one_thread_and_large_ones_split():
     """Below SERIAL_KERNEL_US of estimated work a kernel keeps every stage on
     the calling thread (a fork and join per stage would cost more)."""

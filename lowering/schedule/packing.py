@@ -34,25 +34,31 @@ class Copy:
     panel: tuple | None = None
 
 
-def box(a: Access, axis: Var, extent: int, nest: Nest):
+def box(a: Access, axis: Var, extent: int, nest: Nest, batch: bool = True):
     """The ``(variable, first, extent)`` of each dimension a copy of load ``a``
-    needs: the reduction loops its index reads (constant bounds), then
-    ``axis`` over ``0..extent``; None when the index reads anything else or
-    may leave the buffer.  The time of a scan's step (a variable outside the
-    nest, with a fixed range) is an offset of the whole box: the copy stage
-    runs at every step, inside the time loop."""
+    needs: the output loops of ``nest`` its index reads (a batch: attention's
+    head ``a`` in ``K[a, j, k]``, whole; only if ``batch``), the reduction
+    loops it reads (constant bounds), then ``axis`` over ``0..extent``; None
+    when the index reads anything else or may leave the buffer.  The time of
+    a scan's step (a variable outside the nest, with a fixed range) is an
+    offset of the whole box: the copy stage runs at every step, inside the
+    time loop."""
     form = linear_form(a.index)
     if a.store or not a.loops or form is None:
         return None
     terms, c0 = form
     red = [lp for lp in a.loops if lp.var in terms]
     names = {lp.var for lp in red}
+    batched = [(v, 0, n) for v, n in zip(nest.vars, nest.extents) if v in terms and v is not axis]
+    if batched and not batch:
+        return None
     outer = [v for v in terms if isinstance(v, Var) and v is not axis and v not in names and v.dom is not None
              and v not in nest.vars]
-    if (any(atom is not axis and atom not in names and atom not in outer for atom in terms) or len(names) != len(red)
+    if (any(atom is not axis and atom not in names and atom not in outer and atom not in nest.vars for atom in terms)
+            or len(names) != len(red)
             or not all(isinstance(lp.lo, Const) and isinstance(lp.extent, Const) for lp in red)):
         return None
-    box = tuple((lp.var, lp.lo.value, lp.extent.value) for lp in red) + ((axis, 0, extent),)
+    box = tuple(batched) + tuple((lp.var, lp.lo.value, lp.extent.value) for lp in red) + ((axis, 0, extent),)
     if any(n <= 0 for _, _, n in box):
         return None
     ranges = box + tuple((v, v.dom[0], v.dom[1]) for v in outer)

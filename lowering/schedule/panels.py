@@ -1,10 +1,12 @@
 """Panels: the operands of a register-tiled GEMM copied by new stages into
 blocks laid out as the tiles read them.  The operand read in vector lanes
-(moves with ``j``, not with ``i``) becomes column panels ``P[j tile][r...][NR
+(moves with ``j``, not with ``i``) becomes column panels ``P[j tile][b...][r...][NR
 vectors]`` and a broadcast operand whose tile rows are adjacent but whose
-reduction steps are not (``A[k, i]``) row panels ``P[i tile][r...][MR]``,
-when it is larger than L1 (``Blocking.panel_min_bytes``) and each element is
-re-read ``PACK_MIN_REUSE`` times.  A tile's reduction then reads one
+reduction steps are not (``A[k, i]``) row panels ``P[i tile][b...][r...][MR]``
+(``b``: the other output loops the operand reads, a batch of matrices copied
+whole), when it is larger than L1 (``Blocking.panel_min_bytes``) and each
+element is re-read ``PACK_MIN_REUSE`` times by the output loops its index
+does not read (per tile of the other operand's axis).  A tile's reduction then reads one
 contiguous, aligned block per operand: no cache-set conflicts between rows
 a power of two apart, no split loads from unaligned inputs.  Transposed
 copies (``transposed_copies.py``) take the panel layout.  With column
@@ -18,7 +20,7 @@ from math import prod
 
 import numpy as np
 
-from ..loop_ir import linear_form, stride, substitute
+from ..loop_ir import free_leaves, linear_form, stride, substitute
 from .blocking import Blocking
 from .constructors import idx
 from .nest import Nest
@@ -32,17 +34,16 @@ def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
     variables ``plan.jt`` and ``plan.it``."""
     i, j, mr, width = plan.i, plan.j, plan.mr, plan.nr * plan.lanes
     extents = dict(zip(nest.vars, nest.extents))
-    total = prod(nest.extents)
     copies = [Copy(c.access, c.box, (width, plan.jt)) for c in plan.copies]
     seen = {(c.access.buffer, c.access.index) for c in plan.copies}
     for a in plan.accesses:
         if (a.buffer, a.index) in seen or a.store or not a.loops:
             continue
         sj, si = stride(a.index, j), stride(a.index, i)
-        if sj == 1 and si == 0 and total // extents[j] // mr >= PACK_MIN_REUSE:
+        reuse = prod(n for v, n in extents.items() if v not in free_leaves(a.index))
+        if sj == 1 and si == 0 and reuse // mr >= PACK_MIN_REUSE:
             axis, size, tile = j, width, plan.jt
-        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 \
-                and total // extents[i] // width >= PACK_MIN_REUSE:
+        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 and reuse // width >= PACK_MIN_REUSE:
             axis, size, tile = i, mr, plan.it
         else:
             continue

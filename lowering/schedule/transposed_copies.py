@@ -20,24 +20,25 @@ from .nest import Nest, trips
 from .packing import PACK_MIN_REUSE, Copy, box
 
 
-def decide(nest: Nest, j: Var, accesses) -> list:
-    """The loads worth copying into a transposed temporary ``P[r..., j]``:
-    gathers along ``j`` inside a reduction whose index reads only ``j`` and
-    reduction variables with constant bounds, in bounds over the whole box,
-    and re-read at least ``PACK_MIN_REUSE`` times by the loops that leave
-    them in place (the other output loops, and the reduction loops around
-    them that their index does not read: ``P[i, e]`` in ``min_j Σ_e``) (a
-    list of :class:`~lowering.schedule.packing.Copy`)."""
+def decide(nest: Nest, j: Var, accesses, batch: bool) -> list:
+    """The loads worth copying into a transposed temporary ``P[b..., r...,
+    j]``: gathers along ``j`` inside a reduction whose index reads only
+    ``j``, reduction variables with constant bounds and, if ``batch``, other
+    output loops ``b`` (copied whole), in bounds over the whole box, and
+    re-read at least ``PACK_MIN_REUSE`` times by the loops that leave them
+    in place (the output loops the index does not read, and the reduction
+    loops around them that it does not read: ``P[i, e]`` in ``min_j Σ_e``)
+    (a list of :class:`~lowering.schedule.packing.Copy`)."""
     j_extent = nest.extent(j)
-    others = prod(nest.extents) // max(j_extent, 1)
     plan, seen = [], set()
     for a in accesses:
         if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
             continue
         named = free_leaves(a.index)
+        others = prod(n for v, n in zip(nest.vars, nest.extents) if v not in named)
         if others * prod(trips(lp) for lp in a.loops if lp.var not in named) < PACK_MIN_REUSE:
             continue
-        found = box(a, j, j_extent, nest)
+        found = box(a, j, j_extent, nest, batch)
         if found is not None:
             seen.add((a.buffer, a.index))
             plan.append(Copy(a, found))

@@ -7,7 +7,13 @@ transposing copy gathers, in blocks, ``gather_blocks.py``); one more when a
 test around the access differs between lanes (masked work); plus the cost
 of copying the loads worth a transposed copy along it
 (``transposed_copies.py``), decided with the axis.  The innermost reduction
-loop is scored the same way.
+loop is scored the same way.  Copies of a whole batch (one matrix per value
+of an output loop the load reads: attention's ``K[a, j, k]`` per head ``a``)
+are weighed only when without them the reduction would run in lanes, as dot
+products: the scores count accesses, not the register tile an axis feeds,
+and a small batched operand (GMM's 10 x 10 matrix per component) copied to
+run its 10 rows in lanes loses to the long axis of the samples it is
+applied to.
 
 The decision (:class:`VectorAxis`) leads to one of two builds: when the
 reduction wins (a row reduction such as a softmax denominator, or a stage
@@ -96,11 +102,12 @@ def decide(nest: Nest, bl: Blocking) -> VectorAxis | None:
     lanes (a stage without elements)."""
     accesses = accesses_of(nest.body)
     lanes = lanes_for(accesses, bl)
-    copies = {v: transposed_copies.decide(nest, v, accesses) for v in nest.vars}
-    costs = {v: _axis_cost(nest, accesses, v, n, lanes, copies[v]) for v, n in zip(nest.vars, nest.extents)}
-    j = min(reversed(nest.vars), key=lambda v: costs[v])
-    if costs[j] == float("inf"):          # a stage storing one element
-        return None if any(n != 1 for n in nest.extents) else VectorAxis(None)
-    if _row_reduction(nest.body, accesses, lanes, costs[j]):
-        return VectorAxis(None)
-    return VectorAxis(j, tuple(copies[j]))
+    for batch in (False, True):
+        copies = {v: transposed_copies.decide(nest, v, accesses, batch) for v in nest.vars}
+        costs = {v: _axis_cost(nest, accesses, v, n, lanes, copies[v]) for v, n in zip(nest.vars, nest.extents)}
+        j = min(reversed(nest.vars), key=lambda v: costs[v])
+        if costs[j] == float("inf"):          # a stage storing one element
+            return None if any(n != 1 for n in nest.extents) else VectorAxis(None)
+        if not _row_reduction(nest.body, accesses, lanes, costs[j]):
+            return VectorAxis(j, tuple(copies[j]))
+    return VectorAxis(None)
