@@ -13,9 +13,9 @@ from math import prod
 
 from te_autodiff.expr import Const, Var, add, mul, var
 
-from ..loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, Simd, Stage, Store, linear_form,
-                       loads_in, map_loads, map_stmt, simplify_index, stmt_exprs, stride, substitute, walk,
-                       with_load)
+from ..loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, Simd, Stage, Store, free_leaves,
+                       linear_form, loads_in, map_loads, map_stmt, simplify_index, stmt_exprs, stride, substitute,
+                       walk, with_load)
 from .constructors import Temporaries, idx, linear, lt
 from .nest import Access, Nest
 
@@ -65,6 +65,14 @@ def box(a: Access, axis: Var, extent: int, nest: Nest, batch: bool = True):
     lo = c0 + sum(min(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in ranges)
     hi = c0 + sum(max(terms.get(v, 0) * a0, terms.get(v, 0) * (a0 + n - 1)) for v, a0, n in ranges)
     return box if 0 <= lo and hi < a.buffer.size else None
+
+
+def rereads(a: Access, nest: Nest) -> int:
+    """How often each element of load ``a`` is read by the output loops of
+    ``nest`` that its index does not read (a batch loop it reads re-reads
+    nothing)."""
+    named = free_leaves(a.index)
+    return prod(n for v, n in zip(nest.vars, nest.extents) if v not in named)
 
 
 def panel_index(box, size: int, tile: Var):

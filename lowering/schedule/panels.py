@@ -20,11 +20,11 @@ from math import prod
 
 import numpy as np
 
-from ..loop_ir import free_leaves, linear_form, stride, substitute
+from ..loop_ir import linear_form, stride, substitute
 from .blocking import Blocking
 from .constructors import idx
 from .nest import Nest
-from .packing import PACK_MIN_REUSE, Copy, box, panel_index
+from .packing import PACK_MIN_REUSE, Copy, box, panel_index, rereads
 
 
 def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
@@ -40,7 +40,7 @@ def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
         if (a.buffer, a.index) in seen or a.store or not a.loops:
             continue
         sj, si = stride(a.index, j), stride(a.index, i)
-        reuse = prod(n for v, n in extents.items() if v not in free_leaves(a.index))
+        reuse = rereads(a, nest)
         if sj == 1 and si == 0 and reuse // mr >= PACK_MIN_REUSE:
             axis, size, tile = j, width, plan.jt
         elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 and reuse // width >= PACK_MIN_REUSE:

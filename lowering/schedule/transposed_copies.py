@@ -17,7 +17,7 @@ from te_autodiff.expr import Var
 
 from ..loop_ir import free_leaves, stride
 from .nest import Nest, trips
-from .packing import PACK_MIN_REUSE, Copy, box
+from .packing import PACK_MIN_REUSE, Copy, box, rereads
 
 
 def decide(nest: Nest, j: Var, accesses, batch: bool) -> list:
@@ -35,8 +35,7 @@ def decide(nest: Nest, j: Var, accesses, batch: bool) -> list:
         if stride(a.index, j) in (0, 1, None) or (a.buffer, a.index) in seen:
             continue
         named = free_leaves(a.index)
-        others = prod(n for v, n in zip(nest.vars, nest.extents) if v not in named)
-        if others * prod(trips(lp) for lp in a.loops if lp.var not in named) < PACK_MIN_REUSE:
+        if rereads(a, nest) * prod(trips(lp) for lp in a.loops if lp.var not in named) < PACK_MIN_REUSE:
             continue
         found = box(a, j, j_extent, nest, batch)
         if found is not None:
