@@ -164,6 +164,15 @@ class Target:
         return f"llvm.x86.avx512.mask.scalef.{'ps' if single else 'pd'}.512", 16 if single else 8
 
     @property
+    def mask_registers(self) -> bool:
+        """Whether a vector compare writes a register of lane bits (AVX-512's
+        ``k`` registers) whatever the lanes' width; elsewhere it writes a
+        vector of lanes as wide as the values compared, so comparing
+        64-bit indices takes twice the instructions of 32-bit ones (and on
+        AVX2 packs to mask 32-bit values)."""
+        return "avx512f" in self.features
+
+    @property
     def shuffle_chunk_bytes(self) -> int:
         """The widest block a shuffle moves freely: x86's AVX and AVX-512
         shuffles are cheap within a 128-bit lane (a whole SSE register) and

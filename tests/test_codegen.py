@@ -1,5 +1,7 @@
 """Code generation choices: stores across the lanes written as rows; the
 arithmetic that keeps its association."""
+import re
+
 import numpy as np
 import pytest
 
@@ -179,3 +181,41 @@ def test_an_extremum_of_a_local_orders_what_the_local_is_computed_from():
     ordered = ordered_nodes(body)
     assert {mul(a, b), add(s, mul(a, b))} <= ordered
     assert not {mul(b, c), add(t, mul(b, c))} & ordered
+
+
+def _lane_tests(n):
+    """``y[j]``: three taps of ``x`` around ``j``, each counted where ``lo <=
+    j + d - 1 < hi`` and where ``j != at`` (bounds read from data, so the
+    tests stay in the vector loop), and ``y2[j] = x[j]`` where ``hi > j``
+    (the lane index second)."""
+    x = te.placeholder((n,), "float32", "x")
+    lim = te.placeholder((3,), "int64", "lim")
+    d = te.reduce_axis(3, "d")
+    y = te.compute((n,), lambda j: te.sum(te.if_then_else(
+        te.all(j + d - 1 >= lim[0], j + d - 1 < lim[1], te.not_equal(j, lim[2])), x[te.clip(j + d - 1, 0, n - 1)],
+        0.0), axis=[d]), name="y")
+    y2 = te.compute((n,), lambda j: te.if_then_else(lim[1] > j, x[j], 0.0), name="y2")
+    return x, lim, y, y2
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+def test_lane_tests_compare_lane_numbers_where_compares_write_vectors(rng, target):
+    """A test between an index that grows by one per lane and a value the
+    same in every lane compares 32-bit lane numbers with the scalar gap on a
+    target without mask registers (AVX2, SSE); with AVX-512's the 64-bit
+    index compare stays.  The gap is clamped, so bounds far beyond 32 bits
+    (either side, either order) give numpy's values."""
+    n = 37
+    x, lim, y, y2 = _lane_tests(n)
+    kernel = te.build([x, lim], [y, y2], target=target)
+    compares = set(re.findall(r"icmp \w+ <\d+ x (i\d+)>", kernel.llvm_ir))
+    assert compares == ({"i64"} if te.target(target).mask_registers else {"i32"}), compares
+    run = kernel if te.target(target).missing_on_host() is None else te.build([x, lim], [y, y2])
+    xs = rng.standard_normal(n).astype(np.float32)
+    for lo, hi, at in ((0, n, -1), (-2 ** 40, 2 ** 40, 5), (5, 9, 7), (2 ** 62, -2 ** 62, 0), (-1, n + 1, n - 1),
+                       (-2 ** 63, 2 ** 63 - 1, 2 ** 63 - 1), (3, 3, 3)):
+        got, got2 = run(xs, np.array([lo, hi, at], np.int64))
+        want = [sum(xs[min(max(j + d - 1, 0), n - 1)] for d in range(3) if lo <= j + d - 1 < hi and j != at)
+                for j in range(n)]
+        np.testing.assert_allclose(got, np.array(want, np.float32), rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(got2, np.where(np.arange(n) < hi, xs, 0))

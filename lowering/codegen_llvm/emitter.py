@@ -20,10 +20,11 @@ from ..loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, Guar
 from ..target import Target
 from .llvm_types import (FAST, I1, I8, I32, I64, ITEMSIZE, MEMORY_TYPE, ORDERED, PTR, VALUE_TYPE, distinct_md,
                          element_align, element_type, kind_of, mangle, shaped)
-from .operators import EXPR, apply_operator
+from .operators import CMP_SYMBOL, EXPR, apply_operator
 from .streaming import StreamingStores
 from .vector_idioms import TransposedRows, row_groups
 
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 PARTIAL_UNROLL = 4      # times LLVM unrolls a loop of kind "partial"
 INLINE_MATH_USES = 2    # a stage applying a fast_math function more often calls one copy of it
 
@@ -45,6 +46,21 @@ class _Lanes:
                   and stride(index, self.var) == 1)
             self.bases[index] = simplify_index(substitute(index, {self.var: self.lo})) if ok else None
         return self.bases[index]
+
+    def compare(self, e):
+        """``(lane 0's side, other side, op)`` of an integer comparison between
+        an index growing by one per lane and a value the same in every lane
+        (a padding test ``j + d - 1 >= 0``), the lane side first (``op``
+        mirrored when it was second), else ``None``."""
+        if not isinstance(e, Cmp) or e.a.dtype != "int64":
+            return None
+        for side, other, op in ((e.a, e.b, e.op), (e.b, e.a, _MIRROR[e.op])):
+            leaves = free_leaves(other)
+            if self.var not in leaves and not any(isinstance(x, Local) for x in leaves):
+                base = self.base(side)
+                if base is not None:
+                    return base, other, op
+        return None
 
 
 def ordered_nodes(body) -> set:
@@ -211,6 +227,7 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
         self.lanes = None
         self.mask = None
         self.loops = []             # the variables of the loops around the statement emitted
+        self.narrow_compares = not target.mask_registers       # see _lane_compare
         self.stream = []            # the candidates for streaming stores (_vector_store)
         self.ordered = ordered_nodes(stage.body)
         self.stmt(stage.body)
@@ -391,7 +408,30 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
             base = self.lanes.base(node.index)
             if base is not None:
                 return (base,) if isinstance(node, BufLoad) else (base, node.cond)
+        if self.lanes is not None and self.narrow_compares and isinstance(node, Cmp):
+            form = self.lanes.compare(node)
+            if form is not None:
+                return form[:2]
         return children(node)
+
+    def _lane_compare(self, op, first, other):
+        """The lanes' ``first + lane OP other`` as ``lane OP other - first`` on
+        32-bit lane numbers, on a target without mask registers: one vector
+        compare of narrow lanes instead of each lane's 64-bit index
+        arithmetic, which AVX2 does in halves and then packs (a padding
+        test's mask inside a stencil's taps).  ``other - first`` is computed
+        once, as a scalar (saturating: the compare of the operands never
+        overflowed), and clamped to ``[-1, width]``, which keeps every lane's
+        result (the lane numbers are ``0..width - 1``).  With mask
+        registers (AVX-512) the index form stays: its compares write lane
+        bits directly, and LLVM folds them where it unrolls a column loop,
+        which the clamp would prevent."""
+        width = self.lanes.width
+        gap = self.call_intrinsic("llvm.ssub.sat", [other, first])
+        for fn, bound in (("llvm.smax", -1), ("llvm.smin", width)):
+            gap = self.call_intrinsic(fn, [gap, ir.Constant(gap.type, bound)])
+        iota = ir.Constant(ir.VectorType(I32, width), list(range(width)))
+        return self.b.icmp_signed(CMP_SYMBOL[op], iota, self.splat(self.b.trunc(gap, I32), width))
 
     def expr(self, e):
         """The value of a loop IR expression; each distinct node once per block
@@ -414,6 +454,9 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
                 vals = [self.splat(v) for v in vals]
             outer, self.float_flags = self.float_flags, ORDERED if node in self.ordered else FAST
             fused = self._fused(node, vals, local_memo) if node in self.ordered else None
+            if fused is None and self.narrow_compares and self.lanes is not None and isinstance(node, Cmp) \
+                    and self.lanes.compare(node) is not None:
+                fused = self._lane_compare(self.lanes.compare(node)[2], *vals)
             value = EXPR[type(node)](self, node, vals) if fused is None else fused
             self.float_flags = outer
             varies = (isinstance(node, Local) or any(self.varies.get(k, False) for k in kids)

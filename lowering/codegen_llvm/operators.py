@@ -157,11 +157,11 @@ def apply_operator(fe, op: str, kind: str, args):
     return fe.math(op, args) if rule is None else rule(fe, *args)
 
 
-_CMP_SYMBOL = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+CMP_SYMBOL = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 def _cmp(fe, e, a, b):
-    sym, kind = _CMP_SYMBOL[e.op], kind_of(e.a.dtype)
+    sym, kind = CMP_SYMBOL[e.op], kind_of(e.a.dtype)
     if kind == "f":     # numpy: every comparison with NaN is false except !=
         return fe.b.fcmp_unordered(sym, a, b) if e.op == "ne" else fe.b.fcmp_ordered(sym, a, b)
     return (fe.b.icmp_signed if kind == "i" else fe.b.icmp_unsigned)(sym, a, b)
