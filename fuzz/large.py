@@ -65,7 +65,11 @@ Templates, with ``T`` the thresholds:
   both reads (computed inside the outer reduction) or a product of one
   expression of each (a contraction: a stage of its own), ``j`` about
   ``T.pack_min_reuse`` (``loop_reuse``: ``A`` is copied transposed from
-  there), rows about one, or half ``T.math_chains``, vectors.
+  there), rows about one, or half ``T.math_chains``, vectors;
+* ``sums`` (sum_chains): ``Σ_r a(A[r]) * b(B[r, j])`` over one vector of
+  ``j`` (or up to four rows of them: no register tile), ``r`` about
+  ``T.accumulators`` (``accumulators``) or past it with steps left over,
+  sometimes a loop around ``r`` in the sum.
 """
 from __future__ import annotations
 
@@ -77,13 +81,14 @@ from .thresholds import thresholds
 from .values import Scope, V, plus
 
 TEMPLATES = {"split": 3, "vector": 2, "lane_reduction": 3, "gemm": 4, "transpose": 3, "residues": 1.5,
-             "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5, "nested": 2}
+             "stencil": 1.5, "root": 1.5, "chains": 1.5, "row_peel": 1.5, "nested": 2, "sums": 1.5}
 # the thresholds straddled (large:<name>:below|at|above), by template; the split's sides are its own
 STRADDLED = {"vector": ("vector", "tile_width"), "lane_reduction": ("reduce_lanes", "align", "sum_run"),
              "gemm": ("gemm_trips", "k_block", "k_block_panel", "tile_rows", "panel", "pack_reuse", "row_block"),
              "transpose": ("gather_half", "gather_block", "transpose_blocks", "align_blocks", "l1_ways"),
              "residues": ("residues",), "stencil": ("interior", "interior_ends"), "root": ("min_root", "weighed_root"),
-             "chains": ("chains1", "chains2"), "row_peel": ("row_peel",), "nested": ("loop_reuse",)}
+             "chains": ("chains1", "chains2"), "row_peel": ("row_peel",), "nested": ("loop_reuse",),
+             "sums": ("accumulators",)}
 SPLIT_SIDES = ("below", "at", "prime", "outer")
 SIDES = {"below": -1, "at": 0, "above": 1}
 # every tag of the large programs (the tests check that each is generated)
@@ -250,6 +255,23 @@ class Large:
         def body(scope, axes):
             return self.plus_outer(self.reduced(scope, op, (k,), product), scope, [self.leaf(scope, axes[-1])])
         return self.output(batch + (i, j), body)
+
+    def large_sums(self, T) -> Compute:
+        k = self.straddle("accumulators", T.accumulators, least=2)
+        if self.chance(0.3):
+            k += int(self.rng.integers(1, 3)) * T.accumulators
+        extents = (k,) if self.chance(0.7) else (int(self.rng.integers(2, 4)), k)
+        rows = int(self.pick([1, 2, 4]))
+
+        def product(scope, r):
+            j = scope.vars[len(scope.vars) - len(r) - 1]
+            a = self.body_over([self.leaf(scope, *r)], scope)
+            b = self.body_over([self.leaf(scope, *r, j)], scope)
+            return self.binary_of("mul", a, b)
+
+        def body(scope, axes):
+            return self.reduced(scope, "sum", extents, product)
+        return self.output((rows, T.lanes) if rows > 1 else (T.lanes,), body)
 
     def large_transpose(self, T) -> Compute:
         which = self.pick(list(STRADDLED["transpose"]))

@@ -44,6 +44,7 @@ class Thresholds:
     min_root: int               # fewest iterations of the parallel root (parallel_root)
     weighed_root: int           # root iterations weighed one by one at most (parallel_root)
     math_functions: tuple       # operators with an inline vector body: the chains of vector_width
+    accumulators: int           # sums a tile keeps in flight, else its reductions feed partial sums (sum_chains)
 
 
 @lru_cache(maxsize=None)
@@ -61,6 +62,7 @@ def thresholds() -> Thresholds:
     from lowering.schedule.register_tile import GEMM_MIN_TRIPS
     from lowering.schedule.residue_classes import MAX_RESIDUES
     from lowering.schedule.split_reduction import SPLIT_MIN_WORK, SPLIT_PARTS
+    from lowering.throughput import ACCUMULATORS
     target = te.target()
     bl = blocking(target)
     return Thresholds(
@@ -75,4 +77,4 @@ def thresholds() -> Thresholds:
         transpose_blocks=TRANSPOSE_BLOCKS, l1_lines=target.l1_bytes // target.cache_line,
         way_elements=target.l1_bytes // target.l1_ways // ITEMSIZE, min_root=MIN_ROOT, weighed_root=WEIGHED_ROOT,
         math_functions=tuple(sorted(op for op, dtype in BODIES if dtype == "float64" and op in unary_names()
-                                    and op != "sign")))
+                                    and op != "sign")), accumulators=ACCUMULATORS)

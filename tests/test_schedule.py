@@ -7,17 +7,22 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import te_autodiff as te
+from te_autodiff.expr import add, const, mul, var
 from lowering import runtime
 from lowering.codegen_llvm import stream_min_bytes
-from lowering.loop_ir import For, If, Simd, expr_text, loads_in, stmt_exprs, stmt_text, walk
+from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Simd, expr_text, loads_in,
+                              stmt_exprs, stmt_text, walk)
 from lowering.lower import lower
-from lowering.pipeline import schedule_program
-from lowering.schedule import TILE_VECTORS, blocking
+from lowering.pipeline import lower_for, schedule_program
+from lowering.schedule import TILE_VECTORS, blocking, sum_chains
+from lowering.schedule.constructors import idx
+from lowering.schedule.tile_plan import TilePlan
 from lowering.schedule.blocking import Blocking
 from lowering.schedule.aligned_grid import ALIGN_MIN_VECTORS
 from lowering.schedule.packing import PACK_MIN_REUSE
 from lowering.schedule.residue_classes import MAX_RESIDUES
 from lowering.schedule.split_reduction import SPLIT_MIN_WORK, SPLIT_PARTS
+from lowering.throughput import ACCUMULATORS
 
 
 
@@ -1221,3 +1226,60 @@ def test_the_gradient_of_a_max_or_min_to_one_element_at_every_extent(rng, n, spl
     want[first] = 1
     np.testing.assert_array_equal(got_m, np.full(shape, xs[first]))
     np.testing.assert_array_equal(got_dx, want)
+
+
+def _row_times_matrix(k, m, dtype, where=None):
+    """``y[j] = sum_r x[r] A[r, j]`` over ``m`` columns: no row to tile, one
+    accumulator per vector; ``where`` adds a float test to the summand."""
+    x = te.placeholder((k,), dtype, "x")
+    A = te.placeholder((k, m), dtype, "A")
+    r = te.reduce_axis(k, "r")
+    term = (lambda j: x[r] * A[r, j]) if where is None else (lambda j: te.if_then_else(A[r, j] > 0.0, x[r], 0.0))
+    return x, A, te.compute((m,), lambda j: te.sum(term(j), axis=r), name="y")
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_sum_with_too_few_accumulators_runs_several_chains(rng, target, dtype):
+    """One vector of outputs summing a long reduction keeps one accumulator:
+    its innermost loop feeds ``ACCUMULATORS`` partial sums in turn (a
+    reduction of exactly that many steps, and the steps left over of a
+    longer one, on each target), added to it at the end; numpy's sums to
+    the float error bound.  A reduction one step shorter keeps one chain,
+    and so does a register tile with as many accumulators."""
+    lanes = te.target(target).lanes(np.dtype(dtype).itemsize)
+    eps = np.finfo(dtype).eps
+    for k, split in ((ACCUMULATORS - 1, False), (ACCUMULATORS, True), (5 * ACCUMULATORS + 3, True)):
+        x, A, y = _row_times_matrix(k, lanes, dtype)
+        ir = str(lower_for([x, A], [y], target=target).scheduled)
+        assert (".p1" in ir) == split, (k, ir)
+        run = te.build([x, A], [y], target=target if te.target(target).missing_on_host() is None else "host")
+        xs, a = rng.standard_normal(k).astype(dtype), rng.standard_normal((k, lanes)).astype(dtype)
+        bound = k * eps * (np.abs(xs) @ np.abs(a)) + np.finfo(dtype).tiny
+        assert np.all(np.abs(run(xs, a) - xs.astype(np.float64) @ a) <= bound)
+    A, B, C = matmul(2 * blocking(te.target(target)).tile_rows, 4 * ACCUMULATORS, 2 * lanes, dtype)
+    assert ".p1" not in str(lower_for([A, B], [C], target=target).scheduled)
+
+
+def test_a_sum_of_compared_values_keeps_its_one_chain():
+    """A summand that compares floats is computed as written: no partial sums."""
+    x, A, y = _row_times_matrix(4 * ACCUMULATORS, 8, "float32", where=True)
+    assert ".p1" not in str(lower_for([x, A], [y]).scheduled)
+
+
+def test_partial_sums_wait_for_a_sum_read_or_changed_inside_its_loops():
+    """A sum scaled between the steps of an outer loop (``acc = acc * 2``
+    after each inner loop) is only complete in the written order: its loops
+    stay one chain, while the same nest without that statement is split."""
+    x = Buffer("x", (64, 64), "float32", "input")
+    acc, r1, r2 = Local("acc", "float32"), var("r1"), var("r2")
+    step = Assign(acc, add(acc, BufLoad(x, add(mul(r1, idx(64)), r2))))
+    inner = For(r2, idx(0), idx(64), Block((step,)))
+
+    def plan(*after):
+        body = Block((Alloc(acc, const(0.0, "float32")), For(r1, idx(0), idx(64), Block((inner,) + after))))
+        return TilePlan(body, x, [], {}, var("j"), 8, 8, var("j.l"), var("j.t"), ())
+    bl = blocking(te.target("haswell"))
+    scaled = plan(Assign(acc, mul(acc, const(2.0, "float32"))))
+    assert sum_chains.decide(scaled, bl) is scaled
+    assert "acc.p1" in stmt_text(sum_chains.decide(plan(), bl).body)

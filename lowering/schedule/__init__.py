@@ -34,7 +34,7 @@ from .. import share
 from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
 from . import (gather_blocks, interior_split, k_blocks, lane_reduction, offset_loops, packing, panels,
-               parallel_root, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction,
+               parallel_root, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction, sum_chains,
                templates, tile_loops, tile_plan, vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
 from .constructors import Temporaries
@@ -84,6 +84,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking) -> list:
     plan = row_peeling.decide(plan, nest)
     plan = gather_blocks.decide(plan, nest, bl)
     plan = vector_width.decide(plan, bl)
+    plan = sum_chains.decide(plan, bl)
     copies = []                                           # the plan built, innermost first
     body = packing.build(plan.body, plan.copies, temps, copies)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
