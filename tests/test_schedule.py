@@ -1283,3 +1283,14 @@ def test_partial_sums_wait_for_a_sum_read_or_changed_inside_its_loops():
     scaled = plan(Assign(acc, mul(acc, const(2.0, "float32"))))
     assert sum_chains.decide(scaled, bl) is scaled
     assert "acc.p1" in stmt_text(sum_chains.decide(plan(), bl).body)
+
+
+def test_a_stored_sum_another_stage_compares_keeps_its_one_chain():
+    """A relu's ``y > 0`` of a stored sum ``y`` decides on the written sum: a
+    kernel recomputing ``y`` where it compares it (a gradient kernel) must
+    decide alike, so ``y`` gets no partial sums when a stage compares it, and
+    gets them when none does."""
+    x, A, y = _row_times_matrix(8 * ACCUMULATORS, 8, "float32")
+    z = te.compute(y.shape, lambda j: te.if_then_else(y[j] > 0.0, y[j], 0.0), name="z")
+    assert ".p1" in str(lower_for([x, A], [y], target="haswell").scheduled)
+    assert ".p1" not in str(lower_for([x, A], [y, z], target="haswell").scheduled)

@@ -46,7 +46,7 @@ __all__ = ["schedule", "schedule_stage", "splits_reduction", "blocking", "Blocki
            "SPLIT_MIN_WORK"]
 
 
-def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking) -> list:
+def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: frozenset = frozenset()) -> list:
     """The scheduled form of ``stage``: a list of stages, copies first.  The
     rules in the order they run; each decides a plan (None, or the plan
     unchanged: the rule does not apply) and builds it.  The stages a rule
@@ -58,7 +58,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking) -> list:
         bl = replace(bl, math_chains=1)  # a scan's step: no math chains (vector_width.py)
 
     def again(stages):
-        return [s for part in stages for s in schedule_stage(part, temps, bl)]
+        return [s for part in stages for s in schedule_stage(part, temps, bl, compared)]
 
     residues = residue_classes.decide(nest)
     if residues is not None:
@@ -84,7 +84,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking) -> list:
     plan = row_peeling.decide(plan, nest)
     plan = gather_blocks.decide(plan, nest, bl)
     plan = vector_width.decide(plan, bl)
-    plan = sum_chains.decide(plan, bl)
+    plan = sum_chains.decide(plan, bl, stage.buffer in compared)
     copies = []                                           # the plan built, innermost first
     body = packing.build(plan.body, plan.copies, temps, copies)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
@@ -99,13 +99,14 @@ def schedule(program: Program, target: Target) -> Program:
     doc); a pure function."""
     bl = blocking(target)
     temps, done = Temporaries({b.name for b in program.buffers}, []), {}
+    compared = sum_chains.compared(program.stages)
     read = frozenset().union(*(stage_buffers(st)[1] for st in program.stages))
     for template, members in share.group(program.stages, target.alignment, read):
         if len(members) == 1:
-            done[id(template)] = schedule_stage(template, temps, bl)
+            done[id(template)] = schedule_stage(template, temps, bl, compared)
             continue
         own = Temporaries(set(temps.taken), [])
-        derived = schedule_stage(template, own, bl)
+        derived = schedule_stage(template, own, bl, compared)
         for member, stages in zip(members, templates.instances(template, derived, own.made, members, temps)):
             done[id(member.stage)] = stages
     stages = [replace(s, step=st.step) for st in program.stages   # a scan's step stays in its time

@@ -13,8 +13,10 @@ the accumulator, in a fixed order, where the reduction ends.
 Each element's sum is reassociated the same way whatever its position in
 the tile (the body is changed before it is jammed), so every element of the
 stage is summed alike.  Not applied where the element body compares floats
-or takes a float max or min: what is compared is computed as written
-(``codegen_llvm.emitter.ordered_nodes``); nor where the summand computes
+or takes a float max or min, or a stage doing so reads the sum's buffer:
+what is compared is computed as written
+(``codegen_llvm.emitter.ordered_nodes``), so that a comparison recomputed
+in another stage or kernel decides alike; nor where the summand computes
 with the step number itself, whose powers become one running product
 along the loop (``powers.py``); nor with K blocks, whose blocks resume from
 the stored partial sum in the written order."""
@@ -26,7 +28,7 @@ from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cmp, Const, add, const, mul, var
 
 from ..loop_ir import (Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, children, free_leaves, nodes_in,
-                       rename, stmt_exprs, walk)
+                       rename, stage_buffers, stmt_exprs, walk)
 from ..throughput import ACCUMULATORS
 from .constructors import as_block, flat, idx
 from .nest import accumulation, innermost_reduction
@@ -132,10 +134,19 @@ def _swap(s, old, new):
     return s
 
 
-def decide(plan, bl):
+def compared(stages) -> frozenset:
+    """The buffers that stages comparing floats (or taking a float max or
+    min) read: a sum stored there keeps its written order, as the same sum
+    recomputed where it is compared does (a relu's ``Z > 0`` in a gradient
+    kernel must decide as the forward kernel's did)."""
+    return frozenset(b for st in stages if _compares_floats(st.body) for b in stage_buffers(st)[1])
+
+
+def decide(plan, bl, exact: bool = False):
     """``plan`` with its element body's innermost sum run as :func:`chains`
-    partial sums; unchanged when one chain is enough."""
-    k = chains(plan, bl)
+    partial sums; unchanged when one chain is enough or the stage's values
+    are compared (``exact``: its buffer is among :func:`compared`)."""
+    k = 1 if exact else chains(plan, bl)
     if k == 1:
         return plan
     red = innermost_reduction(plan.body)
