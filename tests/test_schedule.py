@@ -1294,3 +1294,24 @@ def test_a_stored_sum_another_stage_compares_keeps_its_one_chain():
     z = te.compute(y.shape, lambda j: te.if_then_else(y[j] > 0.0, y[j], 0.0), name="z")
     assert ".p1" in str(lower_for([x, A], [y], target="haswell").scheduled)
     assert ".p1" not in str(lower_for([x, A], [y, z], target="haswell").scheduled)
+
+
+@pytest.mark.parametrize("steps", ["below", "above"])
+def test_a_reduction_over_a_nest_of_loops_is_k_blocked_along_its_outer_loop(rng, steps):
+    """``C[i, j] = sum_{a, b} A[i, a, b] B[a, b, j]``: a reduction of two loops
+    longer than ``k_block_min`` is cut into K blocks along ``a`` (each block
+    whole iterations of ``a``), as one loop of that many steps is; one of
+    ``k_block_min`` steps is not.  numpy's products either way."""
+    bl = blocking(te.target())
+    b = 4
+    a = 3 * bl.k_block // b - 17 if steps == "above" else Blocking.k_block_min(bl.k_block) // b
+    A = te.placeholder(((PACK_MIN_REUSE - 1) * bl.tile_rows, a, b), "float32", "A")
+    B = te.placeholder((a, b, 40), "float32", "B")
+    ra, rb = te.reduce_axis(a, "ra"), te.reduce_axis(b, "rb")
+    C = te.compute((A.shape[0], 40), lambda i, j: te.sum(A[i, ra, rb] * B[ra, rb, j], axis=[ra, rb]), name="C")
+    kernel = te.build([A, B], [C])
+    assert ("k.b" in kernel.scheduled_ir) == (steps == "above")
+    x = rng.standard_normal(A.shape).astype(np.float32) * 0.05
+    y = rng.standard_normal(B.shape).astype(np.float32) * 0.05
+    want = x.reshape(len(x), -1).astype(np.float64) @ y.reshape(a * b, 40)
+    np.testing.assert_allclose(kernel(x, y), want, rtol=2e-5, atol=2e-6)

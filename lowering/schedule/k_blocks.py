@@ -1,7 +1,9 @@
 """K blocks: a GEMM reduction longer than ``Blocking.k_block_min`` is cut into
 equal blocks of at most ``Blocking.k_block`` steps (``k_block_panel`` when
-the column operand is read from a panel), each resuming from the partial
-sums the block before left, and the loops are ordered column tiles, K
+the column operand is read from a panel; a reduction over a perfect nest of
+loops, a convolution's weight gradient over images, rows and columns, is
+cut along its outer loop, at least one of its iterations a block), each
+resuming from the partial sums the block before left, and the loops are ordered column tiles, K
 blocks, row tiles: a block x tile-width slice of the column operand stays
 in L1 (in L2 for a panel, streamed in address order) while the row tiles
 pass.  Each element still adds its terms in the same order, so the result
@@ -46,8 +48,9 @@ def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     if len(loops) != 1 or loops[0] != len(stmts) - 2:
         return None
     loop = stmts[-2]
-    if not (isinstance(loop.lo, Const) and isinstance(loop.extent, Const)) \
-            or loop.extent.value <= Blocking.k_block_min(size):
+    inner = _inner_steps(loop)
+    if inner is None or not (isinstance(loop.lo, Const) and isinstance(loop.extent, Const)) \
+            or loop.extent.value < 2 or loop.extent.value * inner <= Blocking.k_block_min(size):
         return None
     writes = {x.local for x in walk(loop) if isinstance(x, Assign)}
     declared = {x.local for x in walk(loop) if isinstance(x, Alloc)}
@@ -55,10 +58,26 @@ def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     if acc is None or not all(
             isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const) for x in stmts[:-2]):
         return None
-    n = loop.extent.value
+    n, size = loop.extent.value, max(1, size // inner)
     count = -(-n // size)
     in_place = stride(stmts[-1].index, j) == 1 and acc.dtype == out.dtype
     return KBlocks(acc, n, count, -(-n // count), in_place, var("k.b"))
+
+
+def _inner_steps(loop: For):
+    """The steps one iteration of ``loop`` makes: the product of the trips of
+    the constant loops it holds when they nest perfectly (a convolution's
+    weight gradient sums over images, rows and columns), 1 without loops;
+    None for any other body."""
+    steps, body = 1, loop.body
+    while True:
+        stmts = body.stmts if isinstance(body, Block) else (body,)
+        loops = [x for x in stmts if isinstance(x, For)]
+        if not loops:
+            return steps
+        if len(loops) != 1 or len(stmts) != 1 or not isinstance(loops[0].extent, Const):
+            return None
+        steps, body = steps * loops[0].extent.value, loops[0].body
 
 
 def _partial_sums(nest: Nest, j: Var, name: str, dtype, temps: Temporaries):
