@@ -35,7 +35,7 @@ class _Lanes:
 
     def __init__(self, var, lo, width):
         self.var, self.lo, self.width = var, lo, width
-        self.bases = {}
+        self.bases, self.compares = {}, {}
 
     def base(self, index):
         """The index of lane 0 when ``index`` grows by exactly one per lane
@@ -52,15 +52,15 @@ class _Lanes:
         an index growing by one per lane and a value the same in every lane
         (a padding test ``j + d - 1 >= 0``), the lane side first (``op``
         mirrored when it was second), else ``None``."""
-        if not isinstance(e, Cmp) or e.a.dtype != "int64":
-            return None
-        for side, other, op in ((e.a, e.b, e.op), (e.b, e.a, _MIRROR[e.op])):
-            leaves = free_leaves(other)
-            if self.var not in leaves and not any(isinstance(x, Local) for x in leaves):
-                base = self.base(side)
-                if base is not None:
-                    return base, other, op
-        return None
+        if e not in self.compares:
+            self.compares[e] = None
+            for side, other, op in ((e.a, e.b, e.op), (e.b, e.a, _MIRROR[e.op])) if e.a.dtype == "int64" else ():
+                leaves = free_leaves(other)
+                if self.var not in leaves and not any(isinstance(x, Local) for x in leaves) \
+                        and self.base(side) is not None:
+                    self.compares[e] = (self.base(side), other, op)
+                    break
+        return self.compares[e]
 
 
 def ordered_nodes(body) -> set:
@@ -408,11 +408,15 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
             base = self.lanes.base(node.index)
             if base is not None:
                 return (base,) if isinstance(node, BufLoad) else (base, node.cond)
-        if self.lanes is not None and self.narrow_compares and isinstance(node, Cmp):
-            form = self.lanes.compare(node)
-            if form is not None:
-                return form[:2]
-        return children(node)
+        form = self._lane_test(node)
+        return children(node) if form is None else form[:2]
+
+    def _lane_test(self, node):
+        """:meth:`_Lanes.compare` of ``node`` where lane tests compare lane
+        numbers (:meth:`_lane_compare`), else None."""
+        if self.lanes is None or not self.narrow_compares or not isinstance(node, Cmp):
+            return None
+        return self.lanes.compare(node)
 
     def _lane_compare(self, op, first, other):
         """The lanes' ``first + lane OP other`` as ``lane OP other - first`` on
@@ -454,9 +458,9 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
                 vals = [self.splat(v) for v in vals]
             outer, self.float_flags = self.float_flags, ORDERED if node in self.ordered else FAST
             fused = self._fused(node, vals, local_memo) if node in self.ordered else None
-            if fused is None and self.narrow_compares and self.lanes is not None and isinstance(node, Cmp) \
-                    and self.lanes.compare(node) is not None:
-                fused = self._lane_compare(self.lanes.compare(node)[2], *vals)
+            form = None if fused is not None else self._lane_test(node)
+            if form is not None:
+                fused = self._lane_compare(form[2], *vals)
             value = EXPR[type(node)](self, node, vals) if fused is None else fused
             self.float_flags = outer
             varies = (isinstance(node, Local) or any(self.varies.get(k, False) for k in kids)
