@@ -201,6 +201,74 @@ def test_gemm_operands_are_read_from_panels(rng, n, k, m, threads):
     np.testing.assert_allclose(runs[0], a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+@pytest.mark.parametrize("k", [256, 260, 257])
+def test_narrow_panels_are_copied_in_blocks_of_rows(rng, target, k):
+    """A row panel of ``MR`` float32 (24 or 32 bytes, less than a line) is
+    copied in blocks of rows with the tiles inside: the fewest rows whose
+    run of ``rows x MR`` elements spans two cache lines, a power of two
+    dividing the ``k`` rows (260: 4; 257: 1, the rows in turn).  A column
+    panel of a line or more keeps its tiles outermost.  Values as numpy's
+    on every target."""
+    A, B = te.placeholder((k, 200), "float32", "A"), te.placeholder((k, 256), "float32", "B")
+    r = te.reduce_axis(k, "r")
+    C = te.compute((200, 256), lambda i, j: te.sum(A[r, i] * B[r, j], axis=r), name="C")
+    kernel = te.build([A, B], [C], target=target)
+    t, mr = te.target(target), blocking(te.target(target)).tile_rows
+    want = 1
+    while want * mr * 4 < 2 * t.cache_line:
+        want *= 2
+    want = min(want, k & -k)
+    def loops(name):
+        return [(s.var.name, s.extent.value) for s in walk(stage(kernel, name).body) if isinstance(s, For)]
+    tiles = ("p0", -(-200 // mr))                     # copy loops: p0 tiles, p1 rows of k, p2 the panel
+    assert loops("A.packed")[:3 if want > 1 else 2] == ([("p1.b", k // want), tiles, ("p1.r", want)] if want > 1
+                                                        else [("p1", k), tiles])
+    if TILE_VECTORS * t.lanes(4) * 4 >= t.cache_line:
+        assert loops("B.packed")[:2] == [("p0", -(-256 // (TILE_VECTORS * t.lanes(4)))), ("p1", k)]
+    run = kernel if t.missing_on_host() is None else te.build([A, B], [C])
+    a, b = rng.standard_normal(A.shape, np.float32), rng.standard_normal(B.shape, np.float32)
+    np.testing.assert_allclose(run(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+@pytest.mark.parametrize("rest", [0, 1, 2, 3, 6, 7])
+@pytest.mark.parametrize("body", ["map", "exp"])
+def test_a_partial_last_vector_is_masked_only_with_mask_registers(rng, target, rest, body):
+    """``n = lanes + rest`` elements: the last ``rest`` run as one masked
+    vector where compares write mask registers (AVX-512), elsewhere as
+    vectors of decreasing powers of two and a scalar (a masked store is
+    microcoded on AVX2 and a branch per lane on SSE), no masked memory
+    operation at all, when the body is a map or one piece covers the rest;
+    a body applying exp keeps one masked vector for more pieces (each would
+    apply exp again).  Values as numpy's (exp to its ulp bound)."""
+    t = te.target(target)
+    lanes = max(s.lanes for s in walk(stage(te.build(*_unary(64, body), target=target), "y").body)
+                if isinstance(s, Simd))
+    rest %= lanes
+    pieces = not t.mask_registers and (body == "map" or rest & (rest - 1) == 0)
+    ins, outs = _unary(lanes + rest, body)
+    kernel = te.build(ins, outs, target=target)
+    widths = sorted(s.lanes for s in walk(stage(kernel, "y").body) if isinstance(s, Simd))
+    masked = "llvm.masked." in kernel.llvm_ir
+    if pieces:
+        assert widths == sorted([lanes] + [w for w in (16, 8, 4, 2) if rest & w]) and not masked, widths
+    else:
+        assert widths == [lanes] * (1 + (rest > 0)) and masked == (rest > 0), widths
+    run = kernel if t.missing_on_host() is None else te.build(ins, outs)
+    data = rng.standard_normal(lanes + rest).astype(np.float32)
+    if body == "map":
+        np.testing.assert_array_equal(run(data), data * np.float32(2) + np.float32(1))
+    else:
+        np.testing.assert_allclose(run(data), np.exp(data.astype(np.float64)), rtol=4 * 2.0 ** -23)
+
+
+def _unary(n, body):
+    x = te.placeholder((n,), "float32", "x")
+    return [x], [te.compute((n,), (lambda i: x[i] * 2.0 + 1.0) if body == "map" else (lambda i: te.exp(x[i])),
+                            name="y")]
+
+
 def _transposed_gemm(k):
     X = te.placeholder((64, k), "float32", "X")
     W = te.placeholder((256, k), "float32", "W")
@@ -415,7 +483,7 @@ def test_math_stages_run_dependency_chains_side_by_side(rng, target):
     widths = {}
     for out in (y, w, z):
         kernel = te.build([x], [out], target=target)
-        widths[out.name] = {s.lanes for s in walk(stage(kernel, out.name).body) if isinstance(s, Simd)}
+        widths[out.name] = {max(s.lanes for s in walk(stage(kernel, out.name).body) if isinstance(s, Simd))}
         if target == "skylake-avx512" and out is not z:
             assert f"<{chains * 16} x float> @llvm.x86" not in kernel.llvm_ir
             assert "<16 x float> @llvm.x86.avx512.mask.scalef.ps.512" in kernel.llvm_ir
@@ -444,8 +512,8 @@ def test_a_reduction_rereading_cached_lanes_runs_chains_side_by_side(rng, k):
     S = te.compute((n,), lambda i: te.sum(X[r, i], axis=r), name="S")
     lanes, chains = te.target().lanes(8), blocking(te.target()).math_chains
     kernel = te.build([P, C], [M])
-    widths = {s.lanes for s in walk(stage(kernel, "M").body) if isinstance(s, Simd)}
-    assert k < PACK_MIN_REUSE or widths == {chains // 2 * lanes}
+    width = max((s.lanes for s in walk(stage(kernel, "M").body) if isinstance(s, Simd)), default=0)
+    assert k < PACK_MIN_REUSE or width == chains // 2 * lanes
     assert any(st.name.startswith("P.") for st in kernel.program.stages) == (k >= PACK_MIN_REUSE)
     column = te.build([X], [S])
     assert {s.lanes for s in walk(stage(column, "S").body) if isinstance(s, Simd)} == {lanes}

@@ -86,7 +86,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     plan = vector_width.decide(plan, bl)
     plan = sum_chains.decide(plan, bl, stage.buffer in compared)
     copies = []                                           # the plan built, innermost first
-    body = packing.build(plan.body, plan.copies, temps, copies)
+    body = packing.build(plan.body, plan.copies, temps, copies, bl.target.cache_line)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
     loops = tile_loops.build(plan, body) if plan.gather is None else gather_blocks.build(plan, body)
     body = parallel_root.build(plan.untiled(nest), loops, bl.target.threads, plan.pinned)

@@ -3,13 +3,16 @@ decide the copies (:class:`Copy`): transposed copies
 (``transposed_copies.py``: a gather along the vector axis read with unit
 stride) and panels (``panels.py``: one contiguous, aligned block per tile of
 a register-tiled GEMM); :func:`build` makes one copy stage and temporary
-per load.  A copy stage is scheduled like any other stage
+per load, a panel narrower than a cache line copied in blocks of rows
+(:func:`_panel_rows`).  A copy stage is scheduled like any other stage
 (:func:`unrolled_partially` then marks its loops)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from math import prod
+
+import numpy as np
 
 from te_autodiff.expr import Const, Var, add, mul, var
 
@@ -92,10 +95,29 @@ def copied(copies) -> set:
     return {(c.access.buffer, c.access.index) for c in copies}
 
 
-def build(body, copies, temps: Temporaries, new_stages: list):
+def _panel_rows(shape, itemsize: int, line: int) -> int:
+    """Rows of a narrow panel's copy taken together, 0 for a panel row of a
+    cache line or more.  A row panel (``MR`` elements of each source row:
+    24 bytes on AVX2) copied tile by tile would read a part of a line of
+    every source row in each tile, a page apart when rows are long (a TLB
+    miss and no prefetch per row); copied row by row it would write one
+    piece per tile, each to another page.  Blocks of rows with the tiles
+    inside read every source row in whole lines and write runs of
+    ``rows x MR`` elements: the fewest rows whose run spans two lines (a
+    power of two dividing the panel's row axis, so the blocks stay a nest
+    of constant loops; 1: the rows in turn, the tiles inside)."""
+    size = shape[-1]
+    if len(shape) < 3 or size * itemsize >= line:
+        return 0
+    want = 1 << (-(-2 * line // (size * itemsize)) - 1).bit_length()
+    return min(want, shape[-2] & -shape[-2])
+
+
+def build(body, copies, temps: Temporaries, new_stages: list, line: int):
     """``body`` with the loads of ``copies`` reading their copies: one copy
-    stage (into ``new_stages``) and temporary per load.  A panel's last
-    panel is padded with zeros."""
+    stage (into ``new_stages``) and temporary per load, a narrow panel's
+    copied in blocks of rows (:func:`_panel_rows`; ``line``: the target's
+    cache line in bytes).  A panel's last panel is padded with zeros."""
     replace = {}
     for c in copies:
         a, box = c.access, c.box
@@ -118,9 +140,18 @@ def build(body, copies, temps: Temporaries, new_stages: list):
         src = simplify_index(substitute(a.index, at))
         value = BufLoad(a.buffer, src) if cond is None else GuardedLoad(a.buffer, src, cond)
         stmt = Store(packed, linear(axes, shape), value)
-        for d in reversed(range(len(axes))):
-            inner = stmt if d == len(axes) - 1 else Block((stmt,))
-            stmt = For(axes[d], idx(0), idx(shape[d]), inner, "parallel" if d == 0 else "serial")
+        rows = 0 if c.panel is None else _panel_rows(shape, np.dtype(a.buffer.dtype).itemsize, line)
+        loops = list(zip(axes, shape))
+        if rows == 1:                        # (batch, reduction..., tiles, panel)
+            loops = loops[1:-1] + [loops[0], loops[-1]]
+        elif rows:                           # (batch, reduction..., blocks, tiles, rows, panel)
+            outer, inner = var(f"{axes[-2].name}.b"), var(f"{axes[-2].name}.r")
+            stmt = map_stmt(stmt, lambda e: substitute(e, {axes[-2]: add(mul(outer, idx(rows)), inner)}))
+            loops = loops[1:-2] + [(outer, shape[-2] // rows), loops[0], (inner, rows), loops[-1]]
+        for d in reversed(range(len(loops))):
+            v, n = loops[d]
+            stmt = For(v, idx(0), idx(n), stmt if d == len(loops) - 1 else Block((stmt,)),
+                       "parallel" if d == 0 else "serial")
         new_stages.append(Stage(packed.name, packed, stmt))
         replace[(a.buffer, a.index)] = (packed, index)
     return _replace_loads(body, replace) if replace else body

@@ -1,7 +1,7 @@
 """The tile loops of a :class:`~lowering.schedule.tile_plan.TilePlan`: column
 tiles of ``NR`` vectors along ``j``, each vector loop running the element
 body jammed over the tile's rows and vectors (``jam.py``: full vectors
-together, a masked last vector), and with a register tile the row tiles of
+together, then a partial last vector), and with a register tile the row tiles of
 ``MR`` rows of ``i``, in the order the plan says: row blocks
 (``row_blocks.py``), column tiles, K blocks (``k_blocks.py``), row tiles
 when the column tiles run first, else row tiles around column tiles; the
@@ -13,11 +13,12 @@ from itertools import count
 
 from te_autodiff.expr import Var, add, minimum, mul, sub, var
 
-from ..loop_ir import Block, For, If, Simd
+from ..loop_ir import Block, For, If, Simd, walk
 from . import row_peeling
 from .constructors import as_block, idx, lt
 from .jam import jam
 from .tile_plan import TilePlan
+from .vector_width import math_depth
 
 
 def tiled(extent: int, size: int, var_: Var, make, block=None) -> For:
@@ -49,8 +50,9 @@ def tiled(extent: int, size: int, var_: Var, make, block=None) -> For:
 def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_block) -> Block:
     """One tile of the element body ``src``: the rows ``row_subs`` by the
     columns ``base .. base + n_cols`` of ``j`` (column tile number ``tile``),
-    as full vectors jammed together and a masked last vector, each vector
-    loop's body made ``inside(body)``."""
+    as full vectors jammed together and a partial last vector (masked, or
+    pieces: ``TilePlan.masked_rest``), each vector loop's body made
+    ``inside(body)``."""
     j, lane, jt, lanes = plan.j, plan.lane, plan.jt, plan.lanes
     full, rest = divmod(n_cols, lanes)
     out = []
@@ -60,10 +62,38 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_
         # broadcast in registers (all rows' broadcasts stay live in the other order)
         reps = [{**rs, j: add(add(base, idx(c * lanes)), lane), jt: tile} for rs in row_subs for c in range(full)]
         out.append(Simd(lane, idx(0), lanes, idx(lanes), inside(jam(src, reps, tags))))
-    if rest:
+    if rest and (plan.masked_rest or not _pieces_pay(src, rest)):
         reps = [{**rs, j: add(add(base, idx(full * lanes)), lane), jt: tile} for rs in row_subs]
         out.append(Simd(lane, idx(0), lanes, idx(rest), inside(jam(src, reps, tags))))
+    elif rest:
+        first = full * lanes
+        for width in _pieces(rest):
+            at = add(base, idx(first))
+            if width == 1:
+                out.append(inside(jam(src, [{**rs, j: at, jt: tile} for rs in row_subs], tags)))
+            else:
+                reps = [{**rs, j: add(at, lane), jt: tile} for rs in row_subs]
+                out.append(Simd(lane, idx(0), width, idx(width), inside(jam(src, reps, tags))))
+            first += width
     return Block(tuple(out))
+
+
+def _pieces(n: int) -> list:
+    """``n`` as decreasing powers of two."""
+    return [1 << b for b in reversed(range(n.bit_length())) if n >> b & 1]
+
+
+def _pieces_pay(src, rest: int) -> bool:
+    """Whether the last ``rest`` lanes of ``src`` run as :func:`_pieces`
+    (full narrower vectors) rather than one masked vector, whose masked
+    stores are microcoded on AVX2 and a branch per lane on SSE: when one
+    piece does it (the same work, narrower), or when the body is light
+    enough to repeat (no loop, branch or math function: a copy, a map).
+    Otherwise each piece would run the loop or the function again, for
+    masked loads that cost little."""
+    if rest & (rest - 1) == 0:
+        return True
+    return not any(isinstance(x, (For, If)) for x in walk(src)) and math_depth(src) == 0
 
 
 def columns(plan: TilePlan, row_subs, src, tags, wrap=lambda b: b, inside=as_block) -> For:

@@ -34,7 +34,10 @@ class TilePlan:
     extent)``: the loop visited in blocks (``gather_blocks.py``), inside
     the vector loop as a loop of kind ``transpose`` when ``transpose``,
     ``together`` neighbouring blocks in each column tile, the blocks
-    starting ``shift`` (a run-time expression) into ``b``."""
+    starting ``shift`` (a run-time expression) into ``b``.
+    ``masked_rest``: a partial last vector is one masked vector (a target
+    with mask registers), else, for a body without loops, vectors of
+    decreasing powers of two (``tile_loops._pieces``)."""
 
     body: Block
     out: Buffer
@@ -58,6 +61,7 @@ class TilePlan:
     transpose: bool = False
     together: int = 1
     shift: object = None
+    masked_rest: bool = True
 
     @property
     def columns_first(self) -> bool:
@@ -89,4 +93,4 @@ def start(nest: Nest, axis: VectorAxis, out: Buffer, bl: Blocking) -> TilePlan:
                 max(4, 1 << (j_extent - 1).bit_length()))
     inner = {v: r for v, r in loop_ranges(nest).items() if v not in set(nest.vars)}
     return TilePlan(nest.body, out, accesses, inner, j, j_extent, lanes, var(f"{j.name}.l"), var(f"{j.name}.t"),
-                    axis.copies)
+                    axis.copies, masked_rest=bl.target.mask_registers)
