@@ -32,7 +32,8 @@ runs of small stages are one native call each and a large stage is split
 across a Python thread pool (ctypes releases the GIL; an order of magnitude
 more per split stage).
 Python per call: argument checks, one table of buffer addresses, the output
-allocations (aligned to ``Target.alignment``); temporaries live in one aligned block per
+allocations (aligned to ``Target.alignment``; a large output in a block an
+earlier one left: ``output_memory``); temporaries live in one aligned block per
 kernel and thread, reused by later calls.  A kernel whose stages all run on
 the calling thread is called through ``native_call`` from its second call
 on: one builtin function checks the arrays, fills in the table and runs the
@@ -59,7 +60,7 @@ import math
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -71,7 +72,7 @@ from te_autodiff.ops import is_transcendental
 from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, stage_symbol
 from .loop_ir import (Block, BufLoad, Const, For, GuardedLoad, If, IntPower, Program, Simd, Store, children,
                       stmt_exprs, walk)
-from . import llvm_process
+from . import llvm_process, output_memory
 from .native_call import Descriptor
 from .throughput import LOAD, OP, PER_UNIT, TRANSCENDENTAL
 from .target import (Target, data_layout, default_threads, initialise_llvm, target_machine,
@@ -417,33 +418,40 @@ class _SplitChoice:
     scheduler slice, milliseconds, where the kernel may take microseconds),
     which only a measurement tells.  The first call runs the plan untimed
     (it touches new temporaries and starts the thread team: not a measure
-    of either way); the next two try both ways; then each call runs the
-    faster one (a running mean of its times) and now and then one runs the
-    other (a probe: its time replaces that way's mean), so a change of the
-    machine's load is followed.  A probe that loses again comes half as
+    of either way); the next ``2 RECENT`` alternate the ways; then each call
+    runs the faster one and now and then one runs the other (a probe), so a
+    change of the machine's load is followed.  A way's time is the least of
+    its last ``RECENT`` calls: single calls are noisy (a large output's
+    fresh pages cost a first call of either way several times a warm one),
+    one fast call shows a way can be fast, and a way turns slow only when
+    its last few calls all were.  A probe that loses again comes half as
     often, down to one call in ``LAST``.  Results are the same bits either
     way.  Threads calling one kernel at once share its choice: a lock keeps
     each step whole, and a call's time may arrive after later calls chose."""
 
     FIRST, LAST = 16, 1024      # calls between probes
     WARM = 1                    # first calls, run as planned, whose times are not kept
+    RECENT = 3                  # calls of a way whose least time is its time
 
     def __init__(self):
-        self.calls = 0
-        self.seconds = [None, None]         # mean call time not splitting / splitting
+        self.calls = self.timed = 0          # calls chosen, times recorded
+        self.recent = (deque(maxlen=self.RECENT), deque(maxlen=self.RECENT))   # not splitting / splitting
         self.interval = self.FIRST
         self.probe_at = 0
         self.lock = threading.Lock()
 
+    def seconds(self, way: int) -> float:
+        return min(self.recent[way])
+
     def best(self) -> int:
-        return int(self.seconds[1] < self.seconds[0])
+        return int(self.seconds(1) < self.seconds(0))
 
     def choose(self) -> int:
         with self.lock:
             n, self.calls = self.calls, self.calls + 1
             if n < self.WARM:
                 return 1
-            if None in self.seconds:
+            if n < self.WARM + 2 * self.RECENT or not all(self.recent):
                 return (n - self.WARM) % 2
             return 1 - self.best() if n >= self.probe_at else self.best()
 
@@ -451,15 +459,13 @@ class _SplitChoice:
         with self.lock:
             if self.calls <= self.WARM:
                 return
-            old = self.seconds[way]
-            if old is None or None in self.seconds or way != self.best():    # a first time, or a probe
-                self.seconds[way] = seconds
-                if None not in self.seconds:
-                    lost = way != self.best()
-                    self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
-                    self.probe_at = self.calls + self.interval
-            else:
-                self.seconds[way] = 0.75 * old + 0.25 * seconds
+            self.timed += 1
+            probe = self.timed > 2 * self.RECENT and way != self.best()
+            self.recent[way].append(seconds)
+            if probe or self.timed == 2 * self.RECENT:       # a probe, or the last of the first calls
+                lost = probe and way != self.best()
+                self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
+                self.probe_at = self.calls + self.interval
 
 
 # ----------------------------------------------------------------- execution
@@ -501,11 +507,11 @@ def _aligned(shape, dtype, align: int):
     return _fresh(dtype.itemsize * math.prod(shape), shape, dtype, align)
 
 
-def _fresh(nbytes: int, shape, dtype: np.dtype, align: int):
+def _fresh(nbytes: int, shape, dtype: np.dtype, align: int, new=None):
     """``_aligned`` with the size and dtype worked out by the caller (a
     kernel call allocates its outputs this way, their sizes and dtypes
-    worked out once per kernel)."""
-    raw = np.empty(nbytes + align, np.uint8)
+    worked out once per kernel, in ``new(bytes)``: ``output_memory.block``)."""
+    raw = np.empty(nbytes + align, np.uint8) if new is None else new(nbytes + align)
     base = ctypes.addressof(ctypes.c_char.from_buffer(raw))
     offset = -base % align
     return np.ndarray(shape, dtype, raw, offset), base + offset
@@ -617,14 +623,15 @@ class _Runner:
 
         if direct and len(sizes) == 1:
             (size,), ((shape, dtype, _),) = sizes, views
+            reused = output_memory.block if size >= output_memory.REUSE_MIN_BYTES else None
 
             def call(arrays):
-                raw = empty(size, u8)
+                raw = empty(size, u8) if reused is None else reused(size)
                 offset = entry(raw, *arrays)
                 return None if offset < 0 else ndarray(shape, dtype, raw, offset)
         else:
             def call(arrays):
-                raws = [empty(size, u8) for size in sizes]
+                raws = [output_memory.block(size) for size in sizes]
                 packed = entry(*raws, *arrays)
                 if packed < 0:
                     return None
@@ -676,7 +683,7 @@ class _Runner:
             arrays_by_slot[k] = a
         align = self.align
         for k, nbytes, shape, dtype in self.outputs:
-            arrays_by_slot[k], table[k] = _fresh(nbytes, shape, dtype, align)
+            arrays_by_slot[k], table[k] = _fresh(nbytes, shape, dtype, align, output_memory.block)
         self.run(table, err)
         return self.collect(arrays_by_slot)
 

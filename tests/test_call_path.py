@@ -110,6 +110,49 @@ def test_call_at_runs_on_the_callers_memory():
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("serial", [False, True])
+def test_a_large_output_lives_in_the_memory_of_one_let_go(rng, monkeypatch, serial):
+    """An output of ``output_memory.REUSE_MIN_BYTES`` or more lives in the
+    block an earlier output of its size left once nothing references it: a
+    view of it keeps the block, so while it is held each call writes other
+    memory; the values are right either way.  Both call paths: split stages
+    (Python) and, with every stage on the calling thread, the native one."""
+    from lowering import output_memory, runtime
+    if serial:
+        monkeypatch.setattr(runtime, "SERIAL_KERNEL_US", float("inf"))
+    n = output_memory.REUSE_MIN_BYTES // 4
+    x = te.placeholder((n,), "float32", "x")
+    f = te.build([x], [te.compute((n,), lambda i: x[i] * 2.0 + 1.0, name="y")])
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    f(b)
+    first = f(a)
+    view, at = first[5:], first.ctypes.data
+    del first
+    held = f(b)                                   # the view holds the first block
+    assert held.ctypes.data != at
+    np.testing.assert_array_equal(view, a[5:] * np.float32(2) + np.float32(1))
+    del view
+    again = f(b)                                  # now it is free again
+    assert again.ctypes.data == at
+    for out in (held, again):
+        np.testing.assert_array_equal(out, b * np.float32(2) + np.float32(1))
+
+
+def test_output_blocks_kept_stay_within_their_budget():
+    """Blocks given back beyond the budget are freed, not kept; kept ones
+    are lent again, by size."""
+    from lowering.output_memory import _Blocks
+    blocks = _Blocks(keep_bytes=2 * 1000)
+    lent = [blocks.lend(1000) for _ in range(3)] + [blocks.lend(500)]
+    addresses = {x.ctypes.data for x in lent[:3]}
+    while lent:
+        lent.pop(0)                               # in turn: two of 1000 fill the budget
+    assert blocks.kept == 2000 and sorted(blocks.free) == [1000] and len(blocks.free[1000]) == 2
+    again = [blocks.lend(1000) for _ in range(3)]
+    assert len({x.ctypes.data for x in again[:2]} & addresses) == 2 and blocks.kept == 0
+    assert all(x.flags.writeable and x.nbytes == 1000 for x in again)
+
+
 def test_threads_calling_one_small_kernel():
     """The fast path's table is one per kernel: a thread that finds it
     taken runs the kernel through its own thread's table."""
