@@ -6,10 +6,10 @@ the caller let go of it.
 Why: a fresh block's pages are mapped on first touch, each zeroed by the
 operating system, and malloc hands blocks this large (above its mmap
 threshold, 32 MiB at most) back to the system when they are freed, so
-every call would pay again: a 64 MB output about 7 ms with huge pages and
-30 ms without, as long as some kernels take, and with several threads
-faulting at once the wait varies by tens of milliseconds.  Smaller blocks
-come from malloc's heap, which keeps freed memory itself.
+every call would pay again, as long as a kernel over such data takes,
+and with several threads faulting at once the wait varies widely
+(``benchmarks/README.md``).  Smaller blocks come from malloc's heap,
+which keeps freed memory itself.
 
 A block is lent behind a sentinel (a ctypes view of it) that every array
 made from it references; when the last of them is gone, the sentinel's
