@@ -418,14 +418,15 @@ class _SplitChoice:
     scheduler slice, milliseconds, where the kernel may take microseconds),
     which only a measurement tells.  The first call runs the plan untimed
     (it touches new temporaries and starts the thread team: not a measure
-    of either way); the next ``2 RECENT`` alternate the ways; then each call
-    runs the faster one and now and then one runs the other (a probe), so a
-    change of the machine's load is followed.  A way's time is the least of
-    its last ``RECENT`` calls: single calls are noisy (a large output's
-    fresh pages cost a first call of either way several times a warm one),
-    one fast call shows a way can be fast, and a way turns slow only when
-    its last few calls all were.  A probe that loses again comes half as
-    often, down to one call in ``LAST``.  Results are the same bits either
+    of either way); the next two try both ways; then each call runs the
+    faster one and now and then one runs the other (a probe), so a change
+    of the machine's load is followed.  A way's time is the least of its
+    last ``RECENT`` calls: single calls are noisy (a first call touching
+    fresh pages can take several times a warm one), one fast call shows a
+    way can be fast, and the way in use turns slow only when its last few
+    calls all were.  A probe comes ``FIRST`` calls after the last until the
+    losing way has been timed ``RECENT`` times; then one that loses again
+    comes half as often, down to one call in ``LAST``.  Results are the same bits either
     way.  Threads calling one kernel at once share its choice: a lock keeps
     each step whole, and a call's time may arrive after later calls chose."""
 
@@ -434,10 +435,10 @@ class _SplitChoice:
     RECENT = 3                  # calls of a way whose least time is its time
 
     def __init__(self):
-        self.calls = self.timed = 0          # calls chosen, times recorded
+        self.calls = 0
         self.recent = (deque(maxlen=self.RECENT), deque(maxlen=self.RECENT))   # not splitting / splitting
         self.interval = self.FIRST
-        self.probe_at = 0
+        self.probe_at = self.WARM + 2 + self.FIRST
         self.lock = threading.Lock()
 
     def seconds(self, way: int) -> float:
@@ -451,7 +452,7 @@ class _SplitChoice:
             n, self.calls = self.calls, self.calls + 1
             if n < self.WARM:
                 return 1
-            if n < self.WARM + 2 * self.RECENT or not all(self.recent):
+            if n < self.WARM + 2 or not all(self.recent):
                 return (n - self.WARM) % 2
             return 1 - self.best() if n >= self.probe_at else self.best()
 
@@ -459,11 +460,10 @@ class _SplitChoice:
         with self.lock:
             if self.calls <= self.WARM:
                 return
-            self.timed += 1
-            probe = self.timed > 2 * self.RECENT and way != self.best()
+            probe = all(self.recent) and way != self.best()
             self.recent[way].append(seconds)
-            if probe or self.timed == 2 * self.RECENT:       # a probe, or the last of the first calls
-                lost = probe and way != self.best()
+            if probe:                           # it lost if still slower, timed often enough to believe
+                lost = way != self.best() and len(self.recent[way]) == self.RECENT
                 self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
                 self.probe_at = self.calls + self.interval
 

@@ -551,14 +551,14 @@ def test_stages_are_split_only_while_splitting_pays(rng):
     """A kernel's planned splits run only while its own calls show they are
     faster than running every stage on the calling thread
     (runtime._SplitChoice): the first call runs the plan untimed, both ways
-    are tried ``RECENT`` times, the faster kept, the other probed ever less
-    often while it loses, and a change of load is followed once the way in
-    use has been slow ``RECENT`` calls in a row; one slow call of either way
-    (a large output's fresh pages) decides nothing.  Both ways give the same
+    are tried, the faster kept, the other probed, ever less often once it
+    has lost ``RECENT`` times, and a change of load is followed once the way
+    in use has been slow ``RECENT`` calls in a row; one slow call of either
+    way (fresh pages) decides nothing for long.  Both ways give the same
     bits, the short steps of a time loop included."""
     from lowering.runtime import _SplitChoice
     split = _SplitChoice()
-    first = 2 * _SplitChoice.RECENT
+    first, recent = _SplitChoice.FIRST, _SplitChoice.RECENT
 
     def call(seconds):              # seconds[way]: what a call takes on one thread / split as planned
         way = split.choose()
@@ -566,28 +566,28 @@ def test_stages_are_split_only_while_splitting_pays(rng):
         return way
 
     assert [call((50.0, 50.0))] == [1]          # the first call runs the plan: its time is not kept
-    assert [call((2.0, 1.0)) for _ in range(first)] == [0, 1] * _SplitChoice.RECENT
+    assert [call((2.0, 1.0)) for _ in range(2)] == [0, 1]
     ways = [call((2.0, 1.0)) for _ in range(600)]
     probes = [k for k, way in enumerate(ways) if way == 0]
     gaps = np.diff(probes)
     assert 3 <= len(probes) <= 7 and (gaps[1:] > gaps[:-1]).all()       # ever rarer
     ways = [call((1.0, 6.0)) for _ in range(50)]                         # another process took a core
-    assert ways[:_SplitChoice.RECENT] == [1] * _SplitChoice.RECENT and ways[_SplitChoice.RECENT:].count(1) == 0
+    assert ways[:recent] == [1] * recent and ways[recent:].count(1) == 0
 
-    split = _SplitChoice()                        # slow first calls of the faster way decide nothing
-    slow = [call((50.0, 50.0))] + [call((2.0, 30.0 if k < 2 else 1.0)) for k in range(first)]
-    assert slow == [1] + [0, 1] * _SplitChoice.RECENT and [call((2.0, 1.0)) for _ in range(10)] == [1] * 10
-    split = _SplitChoice()                        # nor one slow call of the way in use
-    [call((1.0, 2.0)) for _ in range(1 + first)]
+    split = _SplitChoice()                        # a slow first call of the faster way: probed again soon
+    ways = [call((50.0, 50.0))] + [call((2.0, 30.0 if k < 2 else 1.0)) for k in range(3 * first)]
+    assert ways[:3] == [1, 0, 1] and ways[3:first + 3].count(1) <= 1
+    assert ways[first + 4] == 1 and ways[first + 4:].count(0) <= 1
+    split = _SplitChoice()                        # one slow call of the way in use changes nothing
+    [call((1.0, 2.0)) for _ in range(3)]
     assert [call((1.0, 2.0) if k != 3 else (9.0, 2.0)) for k in range(10)] == [0] * 10
 
     split = _SplitChoice()                        # threads calling at once: times arrive after later choices
     split.record(split.choose(), 9.0)
-    ways = [split.choose() for _ in range(first)]
-    for way in sorted(ways):                      # all calls of one way end before the other's
+    ways = [split.choose() for _ in range(3)]
+    for way in sorted(ways):                      # both calls of one way end before the other's
         split.record(way, (1.0, 2.0)[way])
-    assert ways == [0, 1] * _SplitChoice.RECENT and (split.seconds(0), split.seconds(1)) == (1.0, 2.0)
-    assert split.choose() == 0
+    assert ways == [0, 1, 0] and (split.seconds(0), split.seconds(1)) == (1.0, 2.0) and split.choose() == 0
 
     ins, Y = elman(12, 32, 128, 64, dtype="float32")
     g = te.gradient(Y, ins)
