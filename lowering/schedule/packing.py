@@ -12,8 +12,6 @@ import dataclasses
 from dataclasses import dataclass
 from math import prod
 
-import numpy as np
-
 from te_autodiff.expr import Const, Var, add, mul, var
 
 from ..loop_ir import (Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, Simd, Stage, Store, free_leaves,
@@ -140,7 +138,7 @@ def build(body, copies, temps: Temporaries, new_stages: list, line: int):
         src = simplify_index(substitute(a.index, at))
         value = BufLoad(a.buffer, src) if cond is None else GuardedLoad(a.buffer, src, cond)
         stmt = Store(packed, linear(axes, shape), value)
-        rows = 0 if c.panel is None else _panel_rows(shape, np.dtype(a.buffer.dtype).itemsize, line)
+        rows = 0 if c.panel is None else _panel_rows(shape, a.buffer.itemsize, line)
         loops = list(zip(axes, shape))
         if rows == 1:                        # (batch, reduction..., tiles, panel)
             loops = loops[1:-1] + [loops[0], loops[-1]]
