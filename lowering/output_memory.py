@@ -29,11 +29,12 @@ REUSE_MIN_BYTES = 1 << 22    # numpy's threshold for huge pages; smaller blocks 
 KEEP_SHARE = 16              # blocks kept for reuse: at most this fraction of the machine's memory
 
 
-def _memory_bytes() -> int:
+def memory_bytes() -> int | None:
+    """This machine's memory in bytes; None where POSIX cannot say."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):       # not POSIX: keep what a small machine could
-        return 1 << 32
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 class _Blocks:
@@ -66,7 +67,7 @@ class _Blocks:
                 self.kept += block.nbytes
 
 
-_BLOCKS = _Blocks(_memory_bytes() // KEEP_SHARE)
+_BLOCKS = _Blocks((memory_bytes() or 1 << 32) // KEEP_SHARE)     # unknown: what a small machine could keep
 
 
 def block(nbytes: int) -> np.ndarray:

@@ -488,11 +488,8 @@ def beyond_memory(program: Program) -> str | None:
     fail inside numpy, or be killed by the kernel when the pages are touched."""
     made = [b for b in program.buffers if b.kind != "input"]
     total = sum(b.nbytes for b in made)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):       # not POSIX: let the allocation decide
-        return None
-    if total <= memory:
+    memory = output_memory.memory_bytes()
+    if memory is None or total <= memory:               # not POSIX: let the allocation decide
         return None
     big = max(made, key=lambda b: b.nbytes)
     return (f"{'output' if big.kind == 'output' else 'temporary'} '{big.name}' of shape {big.shape} "

@@ -67,13 +67,10 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_
         out.append(Simd(lane, idx(0), lanes, idx(rest), inside(jam(src, reps, tags))))
     elif rest:
         first = full * lanes
-        for width in _pieces(rest):
-            at = add(base, idx(first))
-            if width == 1:
-                out.append(inside(jam(src, [{**rs, j: at, jt: tile} for rs in row_subs], tags)))
-            else:
-                reps = [{**rs, j: add(at, lane), jt: tile} for rs in row_subs]
-                out.append(Simd(lane, idx(0), width, idx(width), inside(jam(src, reps, tags))))
+        for width in _pieces(rest):                  # the last lane alone is a scalar
+            at = add(base, idx(first)) if width == 1 else add(add(base, idx(first)), lane)
+            body = inside(jam(src, [{**rs, j: at, jt: tile} for rs in row_subs], tags))
+            out.append(body if width == 1 else Simd(lane, idx(0), width, idx(width), body))
             first += width
     return Block(tuple(out))
 
