@@ -1,5 +1,6 @@
 """The automatic schedule (lowering/schedule/), the vector code it leads to,
 the inline math functions (lowering/fast_math.py) and the native runner."""
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -901,6 +902,100 @@ def test_shared_broadcasts_stay_rolled_where_registers_are_short(rng, name, roll
         np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 600), st.integers(1, 10))
+def test_rows_per_tile_keep_the_fewest_tiles_and_even_them(extent, most):
+    """register_tile.rows_per_tile: as many tiles as tiles of ``most`` rows
+    need, no fewer rows per tile could keep that count, so the last tile
+    falls short of the others by less than their number of tiles."""
+    from lowering.schedule.register_tile import rows_per_tile
+
+    rows = rows_per_tile(extent, most)
+    tiles = -(-extent // most)
+    assert 1 <= rows <= most and -(-extent // rows) == tiles
+    assert rows == 1 or -(-extent // (rows - 1)) > tiles
+    assert rows - (extent - (tiles - 1) * rows) < tiles
+
+
+@pytest.mark.parametrize("extent,most,rows", [(14, 6, 5), (12, 6, 6), (32, 6, 6), (512, 6, 6), (14, 8, 7),
+                                              (17, 8, 6), (3, 6, 3), (13, 6, 5)])
+def test_rows_per_tile_examples(extent, most, rows):
+    """AVX2's tiles of at most 6 rows cut 14 rows as 5 + 5 + 4 and 13 as 5 +
+    5 + 3; 32 and 512 keep 6 (as many tiles need 6 rows); AVX-512's 8 cut
+    14 as 7 + 7 and 17 as 6 + 6 + 5."""
+    from lowering.schedule.register_tile import rows_per_tile
+
+    assert rows_per_tile(extent, most) == rows
+
+
+def _tile_accumulators(kernel, name) -> set:
+    """The accumulator counts of a stage's register tile variants (one per row tile size)."""
+    text = stmt_text(stage(kernel, name).body)
+    counts = {}
+    for tile, k in re.findall(r"acc\d+\.(\d+)\.(\d+): ", text):
+        counts[tile] = max(counts.get(tile, 0), int(k) + 1)
+    return set(counts.values())
+
+
+@pytest.mark.parametrize("name,width,accumulators", [
+    ("haswell", 14, {10, 8}), ("haswell", 12, {12}), ("haswell", 17, {12, 10}),
+    ("skylake-avx512", 14, {14}), ("skylake-avx512", 12, {12}), ("skylake-avx512", 17, {12, 10})])
+def test_register_tiles_cut_the_rows_evenly(rng, name, width, accumulators):
+    """A convolution's output columns are its register tile's rows
+    (:func:`~lowering.schedule.register_tile.rows_per_tile`): 14 of them on
+    AVX2 (tiles of at most 6 rows by 2 vectors) run as 5 + 5 + 4, not 6 + 6
+    + 2, whose last tile's 4 accumulators are too few chains to hide the
+    multiply-add latency; 12 stay 6 + 6.  On AVX-512 (at most 8 rows; the
+    weights' slice, 64 x 9 steps of 2 vectors, streams from L2) as few
+    tiles as evenly: 7 + 7, 6 + 6 and 6 + 6 + 5."""
+    X, W, Y = conv(1, 64, width, 64, 3, 1)
+    kernel = te.build([X, W], [Y], target=name)
+    assert _tile_accumulators(kernel, "Y") == accumulators
+    if te.target(name).missing_on_host() is None:
+        x = rng.standard_normal(X.shape).astype(np.float32)
+        w = rng.standard_normal(W.shape).astype(np.float32)
+        np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 10), st.integers(-5, 210), st.integers(-5, 210))
+def test_peeled_rows_are_whole_tiles(extent, mr, lo, hi):
+    """row_peeling.whole_tiles: the interior it peels is made of the tiles of
+    ``mr`` rows (the last one partial) within ``lo <= i < hi``, all of them."""
+    from lowering.schedule.row_peeling import whole_tiles
+
+    starts = list(range(0, extent, mr))
+    inside = [t for t in starts if t >= lo and min(t + mr, extent) <= hi]
+    got = whole_tiles(lo, hi, extent, mr)
+    if not inside:
+        assert got is None
+    else:
+        assert got == (inside[0], min(inside[-1] + mr, extent))
+        assert inside == starts[starts.index(inside[0]):starts.index(inside[-1]) + 1]
+
+
+@pytest.mark.parametrize("name,accumulators,peeled", [("haswell", {12, 8}, True), ("skylake-avx512", {16}, False)])
+def test_peeling_keeps_the_tiles_of_the_unpeeled_rows(rng, name, accumulators, peeled):
+    """The gradient of a 3x3 convolution's padded input (16 columns, the
+    register tile's rows) tests its first and last two columns.  Peeling
+    cuts on tile boundaries: the border tiles keep their tests, no border
+    becomes a tile of its own with too few accumulators for the
+    multiply-add latency (2 columns: 4), and the tiles are those of the
+    columns unpeeled: on AVX2 6 + 6 + 4, the middle one without the tests;
+    on AVX-512 8 + 8, both borders, nothing peeled."""
+    X, W, Y = conv(1, 64, 14, 64, 3, 1)
+    H = te.placeholder(Y.shape, "float32", "H")
+    dX, = te.gradient(Y, [X], head=H)
+    kernel = te.build([X, W, H], [dX], target=name)
+    assert _tile_accumulators(kernel, "dXp") == accumulators
+    tests = [sum(isinstance(x, If) for x in walk(s.body)) for s in walk(stage(kernel, "dXp").body)
+             if isinstance(s, Simd)]
+    assert (min(tests) < max(tests)) == peeled          # a tile without the column tests
+    if te.target(name).missing_on_host() is None:
+        arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H)]
+        np.testing.assert_allclose(kernel(*arrays), unscheduled([X, W, H], [dX], arrays)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
 def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
     """The filter gradient's tile loops have 3 iterations each (kh, kw): over 2
@@ -913,10 +1008,28 @@ def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
     dW, = te.gradient(Y, [W], head=H)
     target = replace(te.target(), threads=threads)
     kernel = te.build([X, W, H], [dW], target=target)
-    assert ("in 0..9:" in kernel.scheduled_ir.split("stage dW")[-1]) == collapsed
+    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage dW")[-1].splitlines() if "parallel" in ln][0]
+    assert root.startswith("parallel for i2.i3") == collapsed
     x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
     reference = te.build([X, W, H], [dW], target=replace(te.target(), threads=1))(x, w, h)
     np.testing.assert_array_equal(kernel(x, w, h), reference)
+
+
+def test_parallel_root_is_collapsed_again_while_it_stays_unbalanced(rng):
+    """On SSE (4 lanes) the filter gradient of 16 output channels has two
+    column tiles inside kh and kw: kh x kw = 9 over 2 threads still idles
+    one a tenth of the time, so the column tiles join the root (18: 9 and
+    9).  The bits do not change."""
+    X, W, Y = conv(2, 16, 12, 16, 3, 1)
+    H = te.placeholder(Y.shape, "float32", "H")
+    dW, = te.gradient(Y, [W], head=H)
+    kernel = te.build([X, W, H], [dW], target=replace(te.target("x86-64-v2"), threads=2))
+    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage dW")[-1].splitlines() if "parallel" in ln][0]
+    assert root == "parallel for i2.i3.i0.o in 0..18:"
+    if kernel.target.missing_on_host() is None:
+        x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
+        one = te.build([X, W, H], [dW], target=replace(te.target("x86-64-v2"), threads=1))
+        np.testing.assert_array_equal(kernel(x, w, h), one(x, w, h))
 
 
 @pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])

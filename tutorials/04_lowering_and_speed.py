@@ -98,8 +98,13 @@ print(stage_text(scheduled, "dX", limit=40))
 # A tile of MR rows x 2 vectors keeps MR*2 accumulators in registers, plus
 # the 2 vectors loaded and 1 value broadcast per reduction step: with 16
 # registers (AVX2) that allows 6 rows, with 32 (AVX-512) 8 (more rows would
-# only add remainder code).  The same gradient, scheduled for both:
+# only add remainder code).  The rows are then cut evenly: as few tiles as
+# that many rows need, each as short as that count allows (28 columns on
+# AVX-512: 7 + 7 + 7 + 7, not 8 + 8 + 8 + 4, whose last tile would hold too
+# few accumulators to keep the multiply-add units busy).  The same gradient,
+# scheduled for both:
 from lowering.schedule import TILE_VECTORS, blocking  # noqa: E402
+from lowering.schedule.register_tile import rows_per_tile  # noqa: E402
 
 
 
@@ -119,7 +124,7 @@ def largest_tile(program, name):
 
 print("\nStep 3: targets")
 print(f"  this machine: {here}")
-inputs3, outputs3 = conv2d(8, 32, 28, 32)        # the benchmark's convolution: full tiles
+inputs3, outputs3 = conv2d(8, 32, 28, 32)        # the benchmark's convolution, 28 output columns
 plain3 = lower(inputs3, outputs3)
 columns = {}
 for name in ("haswell", "skylake-avx512"):
@@ -127,10 +132,10 @@ for name in ("haswell", "skylake-avx512"):
     bl = blocking(t)
     accs, tile = largest_tile(schedule_program(plain3, t), "Y")
     print(f"  {name:15s} {t.vector_bytes}-byte vectors, {t.vector_registers} registers -> "
-          f"simd[{t.lanes(4)}], register tile {bl.tile_rows} x {TILE_VECTORS} vectors "
+          f"simd[{t.lanes(4)}], register tile at most {bl.tile_rows} x {TILE_VECTORS} vectors "
           f"({accs} accumulators in the forward conv), K blocks of {bl.k_block} steps "
           f"({bl.k_block_panel} from a panel)")
-    assert accs == bl.tile_rows * TILE_VECTORS
+    assert accs == rows_per_tile(28, bl.tile_rows) * TILE_VECTORS
     columns[name] = [line.strip()[:56] for line in tile]
 print(f"\n  {'haswell (AVX2)':60s}skylake-avx512 (AVX-512)")
 for k in range(max(map(len, columns.values()))):

@@ -3,11 +3,15 @@ splits across threads, so it should have at least ``MIN_ROOT``
 iterations; an output tile loop with more is moved out when it has fewer.
 A root whose iterations do not share out evenly over the target's threads
 (3 over 2 keeps one thread idle a third of the time) is collapsed with the
-loop inside it (3 x 3 = 9: 5 and 4).  Iterations are weighed by the work
-under them: a root over row blocks whose last block is ragged (15 blocks of
-6 rows of 86: the runtime's equal chunks give 48 and 38 rows) counts as
-unbalanced too.  Either way each element is computed by the same
-operations; only which thread computes it changes."""
+loop inside it (3 x 3 = 9: 5 and 4), and again with the next while that
+helps and the threads would still idle more than ``1 - BALANCED`` of the
+time.  Iterations are weighed by the work under them: a root over row
+blocks whose last block is ragged (15 blocks of 6 rows of 86: the
+runtime's equal chunks give 48 and 38 rows) counts as unbalanced too; so
+does 15 blocks of 3 row tiles of 43 taken with 3 filter taps (69 and 60
+tiles), which the column tiles inside even out.  Either way each element
+is computed by the same operations; only which thread computes it
+changes."""
 from __future__ import annotations
 
 from math import prod
@@ -19,7 +23,7 @@ from .constructors import idx
 from .nest import assemble, depends, trips
 
 MIN_ROOT = 4                 # fewer root iterations than this: look for a longer parallel loop
-BALANCED = 0.9               # a root whose equal chunks keep the threads at least this busy
+BALANCED = 0.95              # a root whose equal chunks keep the threads at least this busy
 WEIGHED_ROOT = 4096          # root iterations weighed one by one at most (more: counted alike)
 
 
@@ -77,22 +81,24 @@ def root_balance(chain, depth: int, threads: int) -> float:
 
 
 def _collapsed(chain, body, movable: set, threads: int):
-    """``(chain, body)`` with its two outermost loops made one when the
-    outermost alone is unbalanced over ``threads`` and both have constant
-    bounds independent of each other (the second reordered freely, ``movable``)."""
-    if len(chain) < 2:
-        return chain, body
-    a, b = chain[0], chain[1]
-    if not all(isinstance(x, Const) for x in (a.lo, a.extent, b.lo, b.extent)) or b.var not in movable:
-        return chain, body
-    alone = root_balance(chain, 1, threads)
-    if alone >= BALANCED or root_balance(chain, 2, threads) <= alone:
-        return chain, body
-    q = var(f"{a.var.name}.{b.var.name}")
-    mapping = {a.var: add(a.lo, floordiv(q, b.extent)), b.var: add(b.lo, mod(q, b.extent))}
-    rest = [For(lp.var, substitute(lp.lo, mapping), substitute(lp.extent, mapping), None, lp.kind)
-            for lp in chain[2:]]
-    return [For(q, idx(0), idx(trips(a) * trips(b)), None)] + rest, rename(body, mapping)
+    """``(chain, body)`` with its two outermost loops made one, again and
+    again, while the outermost alone is unbalanced over ``threads`` and the
+    two together are better balanced, both with constant bounds independent
+    of each other (the second reordered freely, ``movable``)."""
+    while len(chain) >= 2:
+        a, b = chain[0], chain[1]
+        if not all(isinstance(x, Const) for x in (a.lo, a.extent, b.lo, b.extent)) or b.var not in movable:
+            break
+        alone = root_balance(chain, 1, threads)
+        if alone >= BALANCED or root_balance(chain, 2, threads) <= alone:
+            break
+        q = var(f"{a.var.name}.{b.var.name}")
+        mapping = {a.var: add(a.lo, floordiv(q, b.extent)), b.var: add(b.lo, mod(q, b.extent))}
+        rest = [For(lp.var, substitute(lp.lo, mapping), substitute(lp.extent, mapping), None, lp.kind)
+                for lp in chain[2:]]
+        chain, body = [For(q, idx(0), idx(trips(a) * trips(b)), None)] + rest, rename(body, mapping)
+        movable = movable | {q}
+    return chain, body
 
 
 def build(outer: list, loops, threads: int, pinned=()):

@@ -7,7 +7,8 @@ is shared and its body repeated per tile element (``jam.py``), so the ``MR
 x NR`` accumulators stay in vector registers, each vector load serves
 ``MR`` rows and each broadcast ``NR`` vectors.  A statement is repeated only
 over the tile positions it depends on; remainder rows and columns get their
-own, smaller tiles (``tile_loops.py`` builds them).  Among the candidates
+own, smaller tiles (``tile_loops.py`` builds them), so the rows per tile are
+chosen for the whole extent (:func:`rows_per_tile`).  Among the candidates
 for ``i``, one whose tests can be peeled (``row_peeling.py``) is preferred,
 then one along which the broadcast loads move least: neighbouring rows
 share cache lines (the output columns of a convolution, not its batch).
@@ -88,6 +89,17 @@ def roll_shared_broadcasts(body: Block, i: Var, j: Var, mr: int, nr: int, bl: Bl
     return map_stmt(body, lambda e: e, kind=lambda lp: "rolled" if lp.var in rolled else lp.kind)
 
 
+def rows_per_tile(extent: int, most: int) -> int:
+    """Rows per register tile for ``extent`` rows, tiles of at most ``most``:
+    the fewest tiles (each costs a pass over the column operand and its
+    accumulators' stores), then the fewest rows that keep their number, so
+    the tiles are as even as they can be.  The last tile is the one that
+    grows: with few rows its accumulators are too few independent chains to
+    hide the multiply-add latency (AVX2's 6 x 2 tiles cut 14 rows as 5 + 5
+    + 4, not 6 + 6 + 2)."""
+    return -(-extent // -(-extent // most))
+
+
 def decide(plan, nest: Nest, bl: Blocking):
     """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with a
     register tile over the rows :func:`gemm_rows` finds, its reduction loops
@@ -96,6 +108,7 @@ def decide(plan, nest: Nest, bl: Blocking):
     if i is None:
         return plan
     i_extent = nest.extent(i)
-    mr, nr = min(bl.tile_rows, i_extent), min(TILE_VECTORS, -(-plan.j_extent // plan.lanes))
+    nr = min(TILE_VECTORS, -(-plan.j_extent // plan.lanes))
+    mr = rows_per_tile(i_extent, bl.tile_rows)
     return replace(plan, body=roll_shared_broadcasts(plan.body, i, plan.j, mr, nr, bl), i=i, it=var(f"{i.name}.t"),
                    i_extent=i_extent, mr=mr, nr=nr)

@@ -1,8 +1,12 @@
 """Row peeling: tests that read the row variable ``i`` of a register tile
 (padding, ``0 <= i + d - 2 < H`` for every tap ``d``) are decided on an
-interior range of ``i`` (``interior.py``): the row range is cut into border,
-interior (whole tiles, without those tests) and border.  A test on the row
-would otherwise be repeated for each row of a tile.  The peeled row ranges
+interior range of ``i`` (``interior.py``): the row tiles entirely inside it
+run without those tests, the tiles at either end with them.  A test on the
+row would otherwise be repeated for each row of a tile.  The cuts fall on
+the tiles' own boundaries, so peeling never makes a tile smaller: a border
+of one row as a tile of its own would hold too few accumulators to hide the
+multiply-add latency (a 3x3 convolution's gradient, rows 0 and H - 1), a
+cost far above the tests it saves.  The peeled row ranges
 are sibling loops, so another output loop must be the parallel root: the
 rule needs a third output loop, and neither row panels nor row blocks."""
 from __future__ import annotations
@@ -25,17 +29,24 @@ class Peel:
     tests: tuple
 
 
+def whole_tiles(lo: int, hi: int, extent: int, mr: int):
+    """``(first, end)``: the rows of the tiles of ``extent`` rows in tiles of
+    ``mr`` (the last one partial) that lie within ``lo <= i < hi``; None
+    when none does."""
+    first = -(-max(lo, 0) // mr) * mr
+    end = extent if hi >= extent else hi // mr * mr
+    return (first, end) if first < end else None
+
+
 def _peel(extent: int, mr: int, body, i: Var, inner: dict):
     """The :class:`Peel` of ``extent`` rows in tiles of ``mr`` whose tests in
-    ``body`` read ``i`` (``inner``: the ranges of the loops inside); None when
-    there is no interior of a full tile."""
+    ``body`` read ``i`` (``inner``: the ranges of the loops inside): the
+    tiles inside the interior; None when no tile is."""
     found = interior(body, i, extent, inner)
     if found is None or not found[2]:
         return None
-    lo, hi = max(found[0], 0), min(found[1], extent)
-    if hi - lo < mr:
-        return None
-    return Peel(lo, lo + (hi - lo) // mr * mr, found[2])      # whole tiles; the rest joins the border
+    rows = whole_tiles(found[0], found[1], extent, mr)
+    return None if rows is None else Peel(*rows, found[2])
 
 
 def decide(plan, nest: Nest):
