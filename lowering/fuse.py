@@ -18,6 +18,12 @@ Two rules, applied until neither applies:
    r...: acc += e; out[0] = acc``), then the second (a map) runs inside the
    reduction loop, ``r`` standing for its loop variables, provided the
    schedule will still spread the reduction over threads (``splits``).
+   Two row reductions (``acc = init; for r...: acc = acc op e; out[i] =
+   acc``, the loops ``r`` alike) join into one loop over ``r`` with both
+   accumulators: a softmax's normaliser and the first index of its row's
+   maximum (the maximum's derivative) read each row once, not twice.  Not
+   when a load reads only some of the output variables (an outer product,
+   register-tiled: the tile would hold both stages' accumulators).
 2. **Producer into its consumer.**  A temporary read by one stage only, and
    there at one index in one loop nest (a sum lowered both in a select's
    branch and outside it reads it in two loops over one variable): its own
@@ -49,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from te_autodiff.expr import BinOp, Const, Var, add
+from te_autodiff.expr import BinOp, Cast, Const, Var, add
 from te_autodiff.visit import topo_order
 
 from .loop_ir import (STAGE_BUDGET, Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Local, Program, free_leaves,
@@ -62,12 +68,15 @@ from .schedule.nest import accumulation
 class _Shape:
     """A stage as lowered: output loops (constant extents from 0) around an
     element body; ``reduction`` holds the loops of a reduction to one element
-    (a loss), whose innermost body takes sibling maps."""
+    (a loss), whose innermost body takes sibling maps; ``rows`` the loops of
+    each element's own reduction (a row reduction), whose innermost body
+    takes a sibling row reduction's."""
 
     stage: Stage
     loops: list
     body: Block
     reduction: list | None = None
+    rows: list | None = None
 
     @property
     def extents(self) -> list:
@@ -114,7 +123,8 @@ def _shape(stage: Stage):
     if all(n == 1 for n in shape.extents):
         shape.reduction = _reduction(shape.body)
         return shape if shape.reduction else None
-    return None
+    shape.rows = _reduction(shape.body)
+    return shape if shape.rows else None
 
 
 def _reduction(body: Block):
@@ -153,7 +163,7 @@ def _locals(s) -> set:
 
 def _point_reads(shape: _Shape) -> set:
     """``(buffer, index)`` of the plain loads of ``shape``'s element (innermost) body."""
-    inner = shape.reduction[-1].body if shape.reduction else shape.body
+    inner = (shape.reduction or shape.rows or [shape])[-1].body
     return {(ld.buffer, ld.index) for ld in _loads(inner) if isinstance(ld, BufLoad)}
 
 
@@ -270,8 +280,15 @@ class _Fuser:
             return False
         if a.reduction is not None and not self.splits(a.extents):
             return False
-        mapping = dict(zip(b.vars, a.vars))
-        return any((buf, simplify_index(substitute(ix, mapping))) in pa for buf, ix in pb)
+        if (a.rows is None) != (b.rows is None) or a.rows is not None and \
+                [lp.extent.value for lp in a.rows] != [lp.extent.value for lp in b.rows]:
+            return False
+        mapping = _mapping(a, b)
+        moved = {(buf, simplify_index(substitute(ix, mapping))) for buf, ix in pb}
+        if a.rows is not None and len({frozenset(free_leaves(ix)) & set(a.vars) for _, ix in pa | moved}
+                                      - {frozenset()}) > 1:
+            return False            # an outer product (A[r, i] B[j, r]): two register tiles' accumulators
+        return bool(moved & pa)
 
     # rule 2 ------------------------------------------------------------
 
@@ -295,14 +312,31 @@ class _Fuser:
         return False
 
 
+def _mapping(first: _Shape, second: _Shape) -> dict:
+    """``second``'s loop variables to ``first``'s (its rows' loops included)."""
+    pairs = list(zip(second.vars, first.vars))
+    if first.rows is not None:
+        pairs += [(b.var, a.var) for a, b in zip(first.rows, second.rows)]
+    return dict(pairs)
+
+
 def _merge(first: _Shape, second: _Shape) -> Stage:
     """``second``'s element body after ``first``'s, under ``first``'s loops,
-    the values both compute computed once (:func:`_computed_once`)."""
-    moved = rename(second.body, dict(zip(second.vars, first.vars)))
-    moved = _fresh(moved, _names(first.stage.body))
-    last = first.reduction[-1] if first.reduction else first.loops[-1]
-    stmts = _computed_once(_stmts(last.body) + _stmts(moved), _names(first.stage.body) | _names(moved))
-    body = _replace(first.stage.body, last, _with_body(last, stmts))
+    the values both compute computed once (:func:`_computed_once`); two row
+    reductions as one: both accumulators declared, one loop nest running
+    both bodies, both stores."""
+    moved = _fresh(rename(second.body, _mapping(first, second)), _names(first.stage.body))
+    if first.rows is not None:
+        (alloc, loop, store), (alloc2, loop2, store2) = first.body.stmts, moved.stmts
+        last = first.rows[-1]
+        stmts = _computed_once(_stmts(last.body) + _stmts(_chain(loop2)[-1].body),
+                               _names(first.stage.body) | _names(moved))
+        element = (alloc, alloc2, _replace(loop, last, _with_body(last, stmts)), store, store2)
+        body = _replace(first.stage.body, first.loops[-1], _with_body(first.loops[-1], element))
+    else:
+        last = first.reduction[-1] if first.reduction else first.loops[-1]
+        stmts = _computed_once(_stmts(last.body) + _stmts(moved), _names(first.stage.body) | _names(moved))
+        body = _replace(first.stage.body, last, _with_body(last, stmts))
     return Stage(f"{first.stage.name}+{second.stage.name}", first.stage.buffer, body)
 
 
@@ -315,7 +349,9 @@ def _computed_once(stmts: tuple, taken: set) -> tuple:
     (branches around a slow path) into code that spills more.  A value is
     shared only when nothing it reads changes in between (no load of a
     buffer ``stmts`` store to, no local they assign), and only where more
-    than one expression uses it (``exp(-x·x)``, not also ``x·x``)."""
+    than one expression uses it (``exp(-x·x)``, not also ``x·x``).  An index
+    converted to a float is no value worth a local: ``pow(t, float(j))``
+    must stay recognisable as an integer power (``powers.py``)."""
     if not all(isinstance(x, (Alloc, Assign, Store)) for x in stmts):
         return stmts
     stored = {x.buffer for x in stmts if isinstance(x, Store)}
@@ -331,6 +367,7 @@ def _computed_once(stmts: tuple, taken: set) -> tuple:
     order = topo_order([e for x in stmts for e in stmt_exprs(x)], children)
     shared = [e for e in order if len(users[e]) > 1 and len(owners[e]) > 1 and e.dtype.startswith("float")
               and not isinstance(e, (Const, Var, Local, BufLoad, GuardedLoad))
+              and not (isinstance(e, Cast) and not e.a.dtype.startswith("float"))
               and not any(isinstance(v, Local) and v in mutable
                           or isinstance(v, (BufLoad, GuardedLoad)) and v.buffer in stored
                           for v in topo_order([e], children))]

@@ -101,3 +101,13 @@ def conv2d(N=1, C=4, F=4, size=12, K=3, stride=1, dilation=1, pad=1, dtype="floa
         return te.sum(te.if_then_else(inside, X[n, c, iy, ix], 0.0) * W[f, c, ky, kx], axis=[c, ky, kx])
 
     return (X, W), te.compute((N, F, out, out), body, name="Y")
+
+
+def cross_entropy(N, C):
+    """Mean softmax cross-entropy of ``N`` rows of ``C`` logits against int
+    labels, logsumexp shifted by each row's maximum: ``(Z, L), loss``."""
+    Z, L = te.placeholder((N, C), "float32", "Z"), te.placeholder((N,), "int32", "L")
+    c1, c2, r = te.reduce_axis(C, "c"), te.reduce_axis(C, "c"), te.reduce_axis(N, "r")
+    m = te.compute((N,), lambda i: te.max(Z[i, c1], axis=c1), name="m")
+    lse = te.compute((N,), lambda i: m[i] + te.log(te.sum(te.exp(Z[i, c2] - m[i]), axis=c2)), name="lse")
+    return (Z, L), te.compute((1,), lambda _: te.sum(lse[r] - Z[r, L[r]], axis=r) / float(N), name="loss")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import te_autodiff as te
+from conftest import cross_entropy
 from lowering import runtime
 from lowering.fuse import _computed_once
 from lowering.loop_ir import Alloc, Assign, Buffer, BufLoad, Local, Store, loads_in, stmt_exprs, stmt_text, walk
@@ -249,3 +250,70 @@ def test_a_producer_read_by_one_reduction_in_two_loops_stays_stored(rng, kind):
     bound = np.where(odd, 2.5 * np.finfo(np.float64).eps * (np.abs(x[:, 1]) + np.abs(j).sum(1)), 0.0)
     for result in (got[0], want[0]):
         assert np.all(np.abs(result - expected) <= bound), (result, expected)
+
+
+def _row_loop_count(stage) -> int:
+    """The loops inside the stage's outermost loop (a fused row reduction has one)."""
+    from lowering.loop_ir import For, Simd
+    return sum(isinstance(x, (For, Simd)) for x in walk(stage.body)) - 1
+
+
+def test_row_reductions_reading_one_row_share_its_loop(rng):
+    """A sum and a maximum over each row of ``x`` read the row once: one
+    loop over the row with both accumulators; a sum over part of the row
+    (another range) and a reduction reading the sum (it must wait for it)
+    stay apart.  The values are those of the stages run apart."""
+    x = te.placeholder((64, 300), "float32", "x")
+    r = [te.reduce_axis(300, "r") for _ in range(3)]
+    part = te.reduce_axis(200, "p")
+    s = te.compute((64,), lambda i: te.sum(x[i, r[0]], axis=r[0]), name="s")
+    m = te.compute((64,), lambda i: te.max(x[i, r[1]] * 2.0, axis=r[1]), name="m")
+    h = te.compute((64,), lambda i: te.sum(x[i, part], axis=part), name="h")
+    v = te.compute((64,), lambda i: te.sum((x[i, r[2]] - s[i]) ** 2, axis=r[2]), name="v")
+    xs = rng.standard_normal((64, 300)).astype(np.float32)
+    fused, got, want = both([x], [s, m, h, v], [xs])
+    names = [st.name for st in fused.stages]
+    assert "s+m" in names and "h" in names and "v" in names
+    joined = next(st for st in fused.stages if st.name == "s+m")
+    alone = schedule_program(lower([x], [s]), te.target(), fusion=False).stages[0]
+    assert _row_loop_count(joined) == _row_loop_count(alone)        # one pass over the row, not two
+    assert_same(got, want)
+    x64 = xs.astype(np.float64)
+    np.testing.assert_allclose(got[0], x64.sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(got[1], (xs * 2).max(1))
+
+
+def test_cross_entropy_gradient_reads_each_row_once_for_its_normaliser_and_argmax(rng):
+    """The derivative of a max-shifted logsumexp follows the row's maximum
+    (its first index, ``m.argmax``), and its normaliser ``Σ exp(z - m)``
+    reads the same row: the two run in one pass.  The gradient is softmax
+    minus the one-hot label, over the rows, as numpy computes it."""
+    n, c = 48, 257
+    (z, labels), loss = cross_entropy(n, c)
+    (dz,) = te.gradient(loss, [z])
+    zs = rng.standard_normal((n, c)).astype(np.float32) * 2
+    ls = rng.integers(0, c, n).astype(np.int32)
+    fused, got, want = both([z, labels], [loss, dz], [zs, ls])
+    joined = [st.name for st in fused.stages if "argmax" in st.name]
+    assert len(joined) == 1 and "+" in joined[0]
+    assert_same(got, want)
+    p = np.exp(zs - zs.max(1, keepdims=True).astype(np.float64))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(n), ls] -= 1
+    np.testing.assert_allclose(got[1], p / n, rtol=1e-5, atol=1e-7)
+
+
+def test_row_reductions_of_an_outer_product_stay_apart(rng):
+    """A minimum and a sum of ``A[r, i] B[j, r]`` read the same elements, but
+    each is register-tiled (rows of ``A`` by vectors of ``B``): joined, one
+    tile would hold both stages' accumulators, so they stay two stages."""
+    A, B = te.placeholder((40, 24), "float32", "A"), te.placeholder((32, 40), "float32", "B")
+    r1, r2 = te.reduce_axis(40, "r"), te.reduce_axis(40, "r")
+    lo = te.compute((24, 32), lambda i, j: te.min(A[r1, i] * B[j, r1], axis=r1), name="lo")
+    dot = te.compute((24, 32), lambda i, j: te.sum(A[r2, i] * B[j, r2], axis=r2), name="dot")
+    a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((32, 40)).astype(np.float32)
+    fused, got, want = both([A, B], [lo, dot], [a, b])
+    assert not any("+" in st.name for st in fused.stages)
+    assert_same(got, want)
+    np.testing.assert_allclose(got[1], a.T.astype(np.float64) @ b.T, rtol=1e-5, atol=1e-4)
+

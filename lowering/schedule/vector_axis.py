@@ -69,11 +69,12 @@ def vector_cost(accesses, v, lanes, extent) -> float:
 
 
 def _plain(loop: For) -> bool:
-    """Whether LLVM's loop vectoriser can take ``loop``: its body only
-    combines one accumulator (``acc = acc + e``: no tests, no second local)."""
+    """Whether ``loop`` can run in lanes: its body only combines accumulators
+    (``acc = acc + e``, each its own: no tests, no other local)."""
     stmts = loop.body.stmts if isinstance(loop.body, Block) else (loop.body,)
+    assigned = [x.local for x in stmts if isinstance(x, Assign)]
     return all(isinstance(x, Alloc) or (isinstance(x, Assign) and accumulation(x) is not None) for x in stmts) \
-        and sum(isinstance(x, Assign) for x in stmts) == 1
+        and len(assigned) >= 1 and len(set(assigned)) == len(assigned)
 
 
 def _axis_cost(nest: Nest, accesses, v: Var, extent: int, lanes: int, copies) -> float:
