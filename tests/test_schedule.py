@@ -996,6 +996,27 @@ def test_peeling_keeps_the_tiles_of_the_unpeeled_rows(rng, name, accumulators, p
         np.testing.assert_allclose(kernel(*arrays), unscheduled([X, W, H], [dX], arrays)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_no_panel_copies_an_element_twice(rng):
+    """A convolution vectorised along its 56 output columns on AVX2 reads
+    ``Xp[c, y + kh, x + kw]``: a column panel over the reduction (c, kh, kw)
+    would hold each element once per tap, 9 times the padded input (264 MB
+    at 32 x 64 x 56²), written and read back on every call.  Such a box is
+    read in place; the 3x3 filter, each element once, is still packed."""
+    X, W, Y = conv(1, 32, 56, 64, 3, 1)
+    kernel = te.build([X, W], [Y], target="haswell")
+    sources = {b.name: b for b in kernel.program.buffers}
+    for b in kernel.program.buffers:
+        if b.name.endswith(".packed"):
+            assert np.prod(b.shape) <= np.prod(sources[b.name[:-len(".packed")]].shape), b.name
+    assert "Xp.packed" not in sources
+    X2, W2, Y2 = conv(1, 64, 28, 64, 3, 1)
+    assert "W.packed" in {b.name for b in te.build([X2, W2], [Y2], target="haswell").program.buffers}
+    if kernel.target.missing_on_host() is None:
+        x = rng.standard_normal(X.shape).astype(np.float32)
+        w = rng.standard_normal(W.shape).astype(np.float32)
+        np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
 def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
     """The filter gradient's tile loops have 3 iterations each (kh, kw): over 2

@@ -6,7 +6,10 @@ reduction steps are not (``A[k, i]``) row panels ``P[i tile][b...][r...][MR]``
 (``b``: the other output loops the operand reads, a batch of matrices copied
 whole), when it is larger than L1 (``Blocking.panel_min_bytes``) and each
 element is re-read ``PACK_MIN_REUSE`` times by the output loops its index
-does not read (per tile of the other operand's axis).  A tile's reduction then reads one
+does not read (per tile of the other operand's axis), and the box holds
+each element once: a convolution's input read at ``x + kw`` as the vector
+axis would be copied once per tap (an im2col, nine times the input for a
+3x3 filter, to write and read back on every call), so it is read in place.  A tile's reduction then reads one
 contiguous, aligned block per operand: no cache-set conflicts between rows
 a power of two apart, no split loads from unaligned inputs.  Transposed
 copies (``transposed_copies.py``) take the panel layout.  With column
@@ -48,7 +51,8 @@ def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
         else:
             continue
         found = box(a, axis, extents[axis], nest)
-        if found is None or prod(n for _, _, n in found) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes:
+        if found is None or prod(n for _, _, n in found) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes \
+                or prod(n for _, _, n in found) > prod(a.buffer.shape):
             continue
         in_place = substitute(panel_index(found, size, tile), {tile: idx(0)})
         if a.buffer.kind == "temp" and extents[axis] <= size and \
