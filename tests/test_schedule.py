@@ -335,6 +335,32 @@ def test_k_blocked_gemm_keeps_each_elements_sum_order(rng):
     np.testing.assert_allclose(kernel(a, b), np.tanh(a.astype(np.float64) @ b) * 2, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
+def test_row_blocks_take_the_k_blocks_inside_them(rng, name):
+    """A weight gradient's product ``Σ_k A[k, i] B[k, j]`` over a long batch
+    (8192 steps: K blocks from the column panel) with a row operand larger
+    than a row block: BLIS's order, row blocks, K blocks, column tiles, row
+    tiles, so one K block of a block of rows stays in L2 while the column
+    panels pass once per block (each block sized for one K block), instead
+    of every column tile re-reading the rows' whole reduction.  Each element
+    still sums its terms in order: the bits of one thread, and numpy's
+    values."""
+    A = te.placeholder((8192, 192), "float32", "A")
+    B = te.placeholder((8192, 64), "float32", "B")
+    k = te.reduce_axis(8192, "k")
+    C = te.compute((192, 64), lambda i, j: te.sum(A[k, i] * B[k, j], axis=k), name="C")
+    kernel = te.build([A, B], [C], target=replace(te.target(name), threads=2))
+    loops = [ln.split(" in ")[0].split()[-1] for ln in stmt_text(stage(kernel, "C").body).splitlines()
+             if " for " in f" {ln.strip()}"]
+    assert loops[:3] == ["i.b", "k.b", "j.o"]
+    if kernel.target.missing_on_host() is None:
+        a = rng.standard_normal(A.shape).astype(np.float32)
+        b = rng.standard_normal(B.shape).astype(np.float32)
+        one = te.build([A, B], [C], target=replace(te.target(name), threads=1))
+        np.testing.assert_array_equal(kernel(a, b), one(a, b))
+        np.testing.assert_allclose(kernel(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 def conv(n, c, h, f, k, pad):
     X = te.placeholder((n, c, h, h), "float32", "X")
     W = te.placeholder((f, c, k, k), "float32", "W")

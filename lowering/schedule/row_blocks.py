@@ -19,13 +19,14 @@ from .blocking import Blocking
 from .nest import trips
 
 
-def _blocks(accesses, i: Var, j: Var, i_extent: int, bl: Blocking) -> int:
+def _blocks(accesses, i: Var, j: Var, i_extent: int, k_blocks: int, bl: Blocking) -> int:
     """The number of blocks of rows: a power of two, so that each block of the
     row operand (the loads that move with ``i``, not with ``j``) is at most
-    ``bl.row_block_bytes``."""
+    ``bl.row_block_bytes``, over one of ``k_blocks`` K blocks kept in place
+    (they then run outside the column tiles, ``tile_loops.py``)."""
     size = max((i_extent * prod(trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
                 for a in accesses if a.loops and not a.store and stride(a.index, j) == 0
-                and stride(a.index, i) != 0), default=0)
+                and stride(a.index, i) != 0), default=0) // k_blocks
     blocks = 1
     while size > blocks * bl.row_block_bytes:
         blocks *= 2
@@ -40,5 +41,6 @@ def decide(plan, bl: Blocking):
     if plan.i is None or not plan.columns_first or plan.j_extent <= plan.nr * plan.lanes:
         return plan
     tiles = -(-plan.i_extent // plan.mr)
-    per_block = -(-tiles // _blocks(plan.accesses, plan.i, plan.j, plan.i_extent, bl))
+    kb = plan.k_blocks.count if plan.k_blocks is not None and plan.k_blocks.in_place else 1
+    per_block = -(-tiles // _blocks(plan.accesses, plan.i, plan.j, plan.i_extent, kb, bl))
     return replace(plan, row_block=per_block) if per_block < tiles else plan

@@ -118,20 +118,32 @@ def _rows(plan: TilePlan, body, segments, tile_of, block=None):
         for first, n_rows, src in segments))
 
 
-def _column_tile(plan: TilePlan, body, segments, block, tags, base, n_cols, tile):
+def _column_tile(plan: TilePlan, body, segments, block, tags, base, n_cols, tile, k_inside: bool):
     """One column tile of a columns-first plan: (K blocks,) row tiles."""
     row_tiles = _rows(plan, body, segments, lambda rs, src: _vectors(plan, rs, base, n_cols, tile, src, tags), block)
     kb = plan.k_blocks
-    return as_block(row_tiles if kb is None else For(kb.var, idx(0), idx(kb.count), as_block(row_tiles)))
+    return as_block(row_tiles if kb is None or not k_inside else
+                    For(kb.var, idx(0), idx(kb.count), as_block(row_tiles)))
 
 
 def _columns_first(plan: TilePlan, body, segments, tags) -> For:
-    """(Row blocks,) column tiles, (K blocks,) row tiles."""
+    """(Row blocks,) column tiles, (K blocks,) row tiles; with row blocks
+    and K blocks whose partial sums stay in the output, BLIS's order: row
+    blocks, K blocks, column tiles, row tiles, so a block of rows' slice of
+    one K block stays in L2 while every column panel's slice passes once,
+    instead of the rows' whole reduction re-read per column tile.  Partial
+    sums kept in a temporary (a convolution's weight gradient, a K block per
+    image) stay in cache only with their column tile's K blocks together."""
     block = None if plan.row_block is None else (var(f"{plan.i.name}.b"), plan.row_block)
+    kb = plan.k_blocks
+    k_inside = block is None or kb is None or not kb.in_place
     loop = tiled(plan.j_extent, plan.nr * plan.lanes, var(f"{plan.j.name}.o"),
-                 lambda base, n_cols, tile: _column_tile(plan, body, segments, block, tags, base, n_cols, tile))
+                 lambda base, n_cols, tile: _column_tile(plan, body, segments, block, tags, base, n_cols, tile,
+                                                         k_inside))
     if block is None:
         return loop
+    if not k_inside:
+        loop = For(kb.var, idx(0), idx(kb.count), Block((loop,)))
     tiles = -(-plan.i_extent // plan.mr)
     return For(block[0], idx(0), idx(-(-tiles // plan.row_block)), Block((loop,)))
 
