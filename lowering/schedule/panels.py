@@ -9,8 +9,8 @@ element is re-read ``PACK_MIN_REUSE`` times by the output loops its index
 does not read (per tile of the other operand's axis), and the box holds
 each element once: a convolution's input read at ``x + kw`` as the vector
 axis would be copied once per tap (an im2col, nine times the input for a
-3x3 filter, to write and read back on every call), so it is read in place.  A tile's reduction then reads one
-contiguous, aligned block per operand: no cache-set conflicts between rows
+3x3 filter, to write and read back on every call), so it is read in place.
+A tile's reduction then reads one contiguous, aligned block per operand: no cache-set conflicts between rows
 a power of two apart, no split loads from unaligned inputs.  Transposed
 copies (``transposed_copies.py``) take the panel layout.  With column
 panels the loops are ordered column tiles, then row tiles
@@ -51,8 +51,8 @@ def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
         else:
             continue
         found = box(a, axis, extents[axis], nest)
-        if found is None or prod(n for _, _, n in found) * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes \
-                or prod(n for _, _, n in found) > prod(a.buffer.shape):
+        points = 0 if found is None else prod(n for _, _, n in found)
+        if points * np.dtype(a.buffer.dtype).itemsize < bl.panel_min_bytes or points > prod(a.buffer.shape):
             continue
         in_place = substitute(panel_index(found, size, tile), {tile: idx(0)})
         if a.buffer.kind == "temp" and extents[axis] <= size and \

@@ -4,7 +4,9 @@ column tile.  With several column tiles and a row operand larger than
 ``Blocking.row_block_bytes`` (half of L2), the row tiles are visited in a
 power-of-two number of blocks outside the column tiles, each block staying
 in L2 while the column panels pass; the blocks split evenly over the
-threads as the parallel root."""
+threads as the parallel root.  With K blocks whose partial sums stay in the
+output, the K blocks run between the row blocks and the column tiles
+(``tile_loops.py``), so a block need hold one K block of its rows."""
 from __future__ import annotations
 
 from dataclasses import replace
