@@ -18,6 +18,7 @@ from .fuse import fuse
 from .loop_ir import Program
 from .lower import lower, validate
 from .positions import narrow
+from .row_padding import pad_rows
 from .powers import integer_powers
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
@@ -37,11 +38,12 @@ class Lowered:
 
 def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Program:
     """Steps 2 and 3: fuse stages over one domain (unless ``fusion`` is
-    False), then schedule every stage for ``target``; with the loops fixed,
-    integer powers become running products and multiplications
+    False), give temporaries whose rows crowd a few cache sets a padded row
+    (``row_padding.py``), then schedule every stage for ``target``; with the
+    loops fixed, integer powers become running products and multiplications
     (``powers.py``)."""
     fused = fuse(plain, splits_reduction) if fusion else plain
-    return integer_powers(schedule(fused, target))
+    return integer_powers(schedule(pad_rows(fused, target), target))
 
 
 def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Lowered:
