@@ -19,6 +19,7 @@ from lowering.schedule import TILE_VECTORS, blocking, sum_chains
 from lowering.schedule.constructors import idx
 from lowering.schedule.tile_plan import TilePlan
 from lowering.schedule.blocking import Blocking
+from lowering.schedule.nest import Nest
 from lowering.schedule.aligned_grid import ALIGN_MIN_VECTORS
 from lowering.schedule.packing import PACK_MIN_REUSE
 from lowering.schedule.residue_classes import MAX_RESIDUES
@@ -1489,6 +1490,44 @@ def test_a_sum_with_too_few_accumulators_runs_several_chains(rng, target, dtype)
     assert ".p1" not in str(lower_for([A, B], [C], target=target).scheduled)
 
 
+def _column_sum(rows, cols, dtype):
+    """``s[j] = Σ_i a[i, j]``: a vector loop with no row to tile."""
+    a = te.placeholder((rows, cols), dtype, "a")
+    i = te.reduce_axis(rows, "i")
+    return a, te.compute((cols,), lambda j: te.sum(a[i, j], axis=i), name="s")
+
+
+def _vector_lanes(program, name):
+    return {s.lanes for st in program.stages if st.name == name for s in walk(st.body) if isinstance(s, Simd)}
+
+
+@pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
+def test_column_sums_run_neighbouring_columns_side_by_side(rng, target):
+    """A column sum over 64 native vectors of columns takes ``ACCUMULATORS``
+    vectors side by side (chains enough, each column summed in the written
+    order: bit-identical to adding the rows in turn in float32, no partial
+    sums); two vectors of columns (one column tile per thread, no more) and
+    a row of an odd number of vectors (no whole wide vectors) keep one
+    vector and take partial sums instead."""
+    t = te.target(target)
+    lanes = t.lanes(4)
+    wide = min(ACCUMULATORS, 64 // t.threads)
+    a, s = _column_sum(1000, 64 * lanes, "float32")
+    program = lower_for([a], [s], target=target).scheduled
+    assert _vector_lanes(program, "s") == {wide * lanes} and ".p1" not in str(program)
+    run = te.build([a], [s], target=target if t.missing_on_host() is None else "host")
+    x = rng.standard_normal(a.shape).astype(np.float32)
+    want = np.zeros(a.shape[1], np.float32)
+    for row in x:
+        want += row
+    np.testing.assert_array_equal(run(x), want)
+    for cols in (2 * lanes, 5 * lanes):
+        a, s = _column_sum(1000, cols, "float32")
+        program = lower_for([a], [s], target=target).scheduled
+        if cols == 5 * lanes or t.threads > 1:
+            assert _vector_lanes(program, "s") == {lanes} and ".p1" in str(program), cols
+
+
 def test_a_sum_of_compared_values_keeps_its_one_chain():
     """A summand that compares floats is computed as written: no partial sums."""
     x, A, y = _row_times_matrix(4 * ACCUMULATORS, 8, "float32", where=True)
@@ -1504,13 +1543,16 @@ def test_partial_sums_wait_for_a_sum_read_or_changed_inside_its_loops():
     step = Assign(acc, add(acc, BufLoad(x, add(mul(r1, idx(64)), r2))))
     inner = For(r2, idx(0), idx(64), Block((step,)))
 
+    j = var("j")
+
     def plan(*after):
         body = Block((Alloc(acc, const(0.0, "float32")), For(r1, idx(0), idx(64), Block((inner,) + after))))
-        return TilePlan(body, x, [], {}, var("j"), 8, 8, var("j.l"), var("j.t"), ())
+        return TilePlan(body, x, [], {}, j, 8, 8, var("j.l"), var("j.t"), ())
     bl = blocking(te.target("haswell"))
+    nest = Nest([For(j, idx(0), idx(8), Block(()))], Block(()))
     scaled = plan(Assign(acc, mul(acc, const(2.0, "float32"))))
-    assert sum_chains.decide(scaled, bl) is scaled
-    assert "acc.p1" in stmt_text(sum_chains.decide(plan(), bl).body)
+    assert sum_chains.decide(scaled, nest, bl) is scaled
+    assert "acc.p1" in stmt_text(sum_chains.decide(plan(), nest, bl).body)
 
 
 def test_a_stored_sum_another_stage_compares_keeps_its_one_chain():

@@ -84,7 +84,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     plan = row_peeling.decide(plan, nest)
     plan = gather_blocks.decide(plan, nest, bl)
     plan = vector_width.decide(plan, bl)
-    plan = sum_chains.decide(plan, bl, stage.buffer in compared)
+    plan = sum_chains.decide(plan, nest, bl, stage.buffer in compared)
     copies = []                                           # the plan built, innermost first
     body = packing.build(plan.body, plan.copies, temps, copies, bl.target.cache_line)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)

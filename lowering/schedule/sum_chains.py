@@ -10,6 +10,13 @@ the units' capacity.  The partial sums start at zero, run through the whole
 reduction (the loops around the innermost one included) and are added to
 the accumulator, in a fixed order, where the reduction ends.
 
+Neighbouring outputs come first: a vector loop running alone (a column
+sum ``db[j] = Σ_i dh[i, j]``) takes up to ``k`` vectors of its row side
+by side, each its own chain with its sums in the written order, and each
+step reads a run of the row instead of one vector per row in turn (a
+partial sum per row: rows apart in memory, each line read twice when two
+vectors share it); partial sums make up the chains still missing.
+
 Each element's sum is reassociated the same way whatever its position in
 the tile (the body is changed before it is jammed), so every element of the
 stage is summed alike.  Not applied where the element body compares floats
@@ -23,6 +30,7 @@ the stored partial sum in the written order."""
 from __future__ import annotations
 
 from dataclasses import replace
+from math import prod
 
 from te_autodiff import dtype as dt
 from te_autodiff.expr import BinOp, Cmp, Const, add, const, mul, var
@@ -32,6 +40,7 @@ from ..loop_ir import (Alloc, Assign, Block, BufLoad, For, GuardedLoad, If, Loca
 from ..throughput import ACCUMULATORS
 from .constructors import as_block, flat, idx
 from .nest import accumulation, innermost_reduction
+from .parallel_root import BALANCED, balance
 
 
 def _compares_floats(body) -> bool:
@@ -142,10 +151,32 @@ def compared(stages) -> frozenset:
     return frozenset(b for st in stages if _compares_floats(st.body) for b in stage_buffers(st)[1])
 
 
-def decide(plan, bl, exact: bool = False):
-    """``plan`` with its element body's innermost sum run as :func:`chains`
-    partial sums; unchanged when one chain is enough or the stage's values
-    are compared (``exact``: its buffer is among :func:`compared`)."""
+def _side_by_side(plan, k: int, others: int, threads: int):
+    """``plan`` with a vector loop up to ``k`` times as wide (a power of two)
+    where it runs alone: no register tile, no rows transposed or visited in
+    blocks.  The row must split into whole wide vectors (a partial last one
+    would run mostly masked lanes), and the column tiles times ``others``
+    (the other output loops' iterations) must still keep the threads
+    ``BALANCED`` (``parallel_root.py``)."""
+    if plan.i is not None or plan.transpose or plan.gather is not None:
+        return plan
+    wide = 1
+    while wide * 2 <= k and plan.j_extent % (plan.lanes * wide * 2) == 0 and \
+            balance([1] * (others * plan.j_extent // (plan.lanes * wide * 2)), threads) >= BALANCED:
+        wide *= 2
+    return plan if wide == 1 else replace(plan, lanes=plan.lanes * wide)
+
+
+def decide(plan, nest, bl, exact: bool = False):
+    """``plan`` with the sums of neighbouring outputs side by side
+    (:func:`_side_by_side`), then its element body's innermost sum run as
+    :func:`chains` partial sums; the partial sums not when one chain is
+    enough or the stage's values are compared (``exact``: its buffer is
+    among :func:`compared`)."""
+    k = chains(plan, bl)
+    if k == 1:
+        return plan
+    plan = _side_by_side(plan, k, prod(lp.extent.value for lp in plan.untiled(nest)), bl.target.threads)
     k = 1 if exact else chains(plan, bl)
     if k == 1:
         return plan
