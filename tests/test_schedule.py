@@ -343,17 +343,20 @@ def test_row_blocks_take_the_k_blocks_inside_them(rng, name):
     than a row block: BLIS's order, row blocks, K blocks, column tiles, row
     tiles, so one K block of a block of rows stays in L2 while the column
     panels pass once per block (each block sized for one K block), instead
-    of every column tile re-reading the rows' whole reduction.  Each element
-    still sums its terms in order: the bits of one thread, and numpy's
-    values."""
-    A = te.placeholder((8192, 192), "float32", "A")
+    of every column tile re-reading the rows' whole reduction; the K blocks
+    are BLIS's KC (``Blocking.k_block_rows``), not the panel's longest.
+    Each element still sums its terms in order: the bits of one thread, and
+    numpy's values."""
+    A = te.placeholder((8192, 768), "float32", "A")
     B = te.placeholder((8192, 64), "float32", "B")
     k = te.reduce_axis(8192, "k")
-    C = te.compute((192, 64), lambda i, j: te.sum(A[k, i] * B[k, j], axis=k), name="C")
-    kernel = te.build([A, B], [C], target=replace(te.target(name), threads=2))
-    loops = [ln.split(" in ")[0].split()[-1] for ln in stmt_text(stage(kernel, "C").body).splitlines()
-             if " for " in f" {ln.strip()}"]
+    C = te.compute((768, 64), lambda i, j: te.sum(A[k, i] * B[k, j], axis=k), name="C")
+    target = replace(te.target(name), threads=2)
+    kernel = te.build([A, B], [C], target=target)
+    text = stmt_text(stage(kernel, "C").body)
+    loops = [ln.split(" in ")[0].split()[-1] for ln in text.splitlines() if " for " in f" {ln.strip()}"]
     assert loops[:3] == ["i.b", "k.b", "j.o"]
+    assert f"in 0..{8192 // blocking(target).k_block_rows(4)}:" in text.splitlines()[1]
     if kernel.target.missing_on_host() is None:
         a = rng.standard_normal(A.shape).astype(np.float32)
         b = rng.standard_normal(B.shape).astype(np.float32)

@@ -4,6 +4,7 @@ thresholds of the rules (the same on every CPU) live in the rules' modules."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import isqrt
 
 from ..target import Target
 
@@ -59,6 +60,16 @@ class Blocking:
     def k_block_min(size: int) -> int:
         """The shortest reduction cut into blocks of ``size``."""
         return size * 3 // 2
+
+    def k_block_rows(self, itemsize: int) -> int:
+        """Steps per K block of a reduction already cut into blocks whose
+        partial sums stay in the output, so that blocks of rows take them
+        (BLIS's KC, ``row_blocks.py``).  Per multiply-add a column panel
+        costs ``s / MC`` bytes from L3 (re-read per block of ``MC`` rows,
+        ``MC * KC * s`` = ``row_block_bytes``) and the output tile ``2s /
+        KC`` (reloaded and stored per block): least at ``KC = sqrt(2 *
+        row_block_bytes / s)``, a power of two at or below it."""
+        return pow2_floor(isqrt(2 * self.row_block_bytes // itemsize))
 
     def lanes(self, itemsize: int) -> int:
         return self.target.lanes(itemsize)

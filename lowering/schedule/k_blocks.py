@@ -3,14 +3,20 @@ equal blocks of at most ``Blocking.k_block`` steps (``k_block_panel`` when
 the column operand is read from a panel; a reduction over a perfect nest of
 loops, a convolution's weight gradient over images, rows and columns, is
 cut along its outer loop, at least one of its iterations a block), each
-resuming from the partial sums the block before left, and the loops are ordered column tiles, K
-blocks, row tiles: a block x tile-width slice of the column operand stays
-in L1 (in L2 for a panel, streamed in address order) while the row tiles
-pass.  Each element still adds its terms in the same order, so the result
-is bit-identical."""
+resuming from the partial sums the block before left, and the loops are
+ordered column tiles, K blocks, row tiles: a block x tile-width slice of
+the column operand stays in L1 (in L2 for a panel, streamed in address
+order) while the row tiles pass.  A reduction so cut from a panel whose
+partial sums stay in the output takes blocks of ``k_block_rows`` instead
+(BLIS's KC): blocks of rows take its K blocks (``row_blocks.py``), and the
+shorter the blocks the more rows a block holds, so the panel is re-read
+from L3 for fewer of them.  Each element still adds its terms in the same
+order, so the result is bit-identical."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from te_autodiff.expr import Const, Var, add, compare, minimum, mul, sub, var
 
@@ -122,8 +128,10 @@ def decide(plan, bl: Blocking):
     if plan.i is None:
         return plan
     panel = any(c.panel is not None and c.panel[1] is plan.jt for c in plan.copies)
-    size = bl.k_block_panel if panel else bl.k_block
-    return replace(plan, k_blocks=_k_blocks(plan.body, plan.out, plan.j, size))
+    kb = _k_blocks(plan.body, plan.out, plan.j, bl.k_block_panel if panel else bl.k_block)
+    if panel and kb is not None and kb.in_place:
+        kb = _k_blocks(plan.body, plan.out, plan.j, bl.k_block_rows(np.dtype(plan.out.dtype).itemsize))
+    return replace(plan, k_blocks=kb)
 
 
 def build(plan, nest: Nest, stage: Stage, body: Block, temps: Temporaries):
