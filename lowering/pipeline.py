@@ -1,5 +1,5 @@
-"""The lowering order, in one place: tensors -> loop IR -> fused -> scheduled
-for a target -> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
+"""The lowering order, in one place: tensors -> loop IR -> fused -> rows
+padded -> scheduled for a target -> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
 
 ``te.build`` and ``te.cost`` both run :func:`lower_for`; ``te.build`` then
 compiles its result.  Each step takes the previous step's immutable program
@@ -18,8 +18,8 @@ from .fuse import fuse
 from .loop_ir import Program
 from .lower import lower, validate
 from .positions import narrow
-from .row_padding import pad_rows
 from .powers import integer_powers
+from .row_padding import pad_rows
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
 from .target import Target, target as resolve_target
@@ -38,8 +38,8 @@ class Lowered:
 
 def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Program:
     """Steps 2 and 3: fuse stages over one domain (unless ``fusion`` is
-    False), give temporaries whose rows crowd a few cache sets a padded row
-    (``row_padding.py``), then schedule every stage for ``target``; with the
+    False), give temporaries whose rows all fall in one cache set a padded
+    row (``row_padding.py``), then schedule every stage for ``target``; with the
     loops fixed, integer powers become running products and multiplications
     (``powers.py``)."""
     fused = fuse(plain, splits_reduction) if fusion else plain
@@ -75,7 +75,7 @@ def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
     work, the same on every target.  ``built`` gives the temporaries and
     stages of the fused and scheduled program ``te.build`` compiles for
     ``target`` (packed panels and K-block partial sums add temporaries,
-    fusion removes some)."""
+    fusion removes some, padded rows make some larger)."""
     p = lower_for(inputs, outputs, None, store, recompute, target)
     return {
         "counted": "lowered",

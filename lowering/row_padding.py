@@ -9,9 +9,8 @@ operand ``dS[i, j]`` summed over ``i``; a register tile's rows side by
 side) then keeps only ``ways`` lines of it in L1 and evicts them from L2
 long before the data would leave for capacity.  One more line per row makes
 the row stride an odd number of lines, which reaches every set.  Other
-strides are left alone: rows 6 KiB apart (reaching two L1 sets) ran the
-column walk faster unpadded, the walk's lines spread over enough L2 sets
-(benchmarks/README.md has the measurements).
+strides are left alone: a column walk down rows 6 KiB apart (two L1 sets)
+measured faster unpadded (benchmarks/README.md).
 
 Temporaries are ours to lay out; inputs, outputs and results keep the
 caller's layout.  The extra line is never read, so padding costs footprint,
@@ -36,6 +35,14 @@ def crowded(row_bytes: int, rows: int, t: Target) -> bool:
     """Whether ``rows`` rows ``row_bytes`` apart all fall in one L1 set of
     ``t`` (a multiple of the way size apart), more of them than its ways."""
     return row_bytes % (t.l1_bytes // t.l1_ways) == 0 and rows > t.l1_ways
+
+
+def padded(buffer, t: Target) -> bool:
+    """Whether ``buffer`` is a temporary whose rows :func:`pad_rows` made a
+    cache line longer than a multiple of the way: a column walk down them
+    reaches every set, so nothing need copy them for the walk's sake."""
+    row = buffer.shape[-1] * buffer.itemsize - t.cache_line
+    return buffer.kind == "temp" and len(buffer.shape) >= 2 and row > 0 and row % (t.l1_bytes // t.l1_ways) == 0
 
 
 class _Unpadded(Exception):

@@ -126,3 +126,21 @@ def test_a_temporary_read_at_a_data_dependent_column_keeps_its_rows(rng):
     s = np.exp(a.astype(np.float64))
     np.testing.assert_allclose(g, s[np.arange(T), ix], rtol=1e-6)
     np.testing.assert_allclose(c, s.sum(0), rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["x86-64-v2", "haswell"])
+def test_a_padded_temporary_is_read_down_its_columns_in_place(name):
+    """The transposed product's ``S`` (re-read by enough column tiles on
+    these targets to pay for row panels) is read in place once its rows are
+    padded: the walk down its columns no longer meets set conflicts.  The
+    same product from an input ``S``, whose rows stay a way apart, still
+    reads it from row panels."""
+    t = named_target(name)
+    inputs, outputs = _transposed_product(1024)
+    program = lower_for(inputs, outputs, target=t).scheduled
+    assert _shape(program, "S") == (1024, 1024 + 16)
+    assert not any(b.name.startswith("S.packed") for b in program.buffers)
+    S, Q = te.placeholder((1024, 1024), "float32", "S"), te.placeholder((1024, 64), "float32", "Q")
+    i = te.reduce_axis(1024, "i")
+    dK = te.compute((1024, 64), lambda j, c: te.sum(S[i, j] * Q[i, c], axis=i), name="dK")
+    assert any(b.name.startswith("S.packed") for b in lower_for([S, Q], [dK], target=t).scheduled.buffers)

@@ -4,7 +4,8 @@ blocks laid out as the tiles read them.  The operand read in vector lanes
 vectors]`` and a broadcast operand whose tile rows are adjacent but whose
 reduction steps are not (``A[k, i]``) row panels ``P[i tile][b...][r...][MR]``
 (``b``: the other output loops the operand reads, a batch of matrices copied
-whole), when it is larger than L1 (``Blocking.panel_min_bytes``) and each
+whole; not from a temporary whose rows ``row_padding.py`` padded, which a
+column walk reads without set conflicts), when it is larger than L1 (``Blocking.panel_min_bytes``) and each
 element is re-read ``PACK_MIN_REUSE`` times by the output loops its index
 does not read (per tile of the other operand's axis), and the box holds
 each element once: a convolution's input read at ``x + kw`` as the vector
@@ -24,6 +25,7 @@ from math import prod
 import numpy as np
 
 from ..loop_ir import linear_form, stride, substitute
+from ..row_padding import padded
 from .blocking import Blocking
 from .constructors import idx
 from .nest import Nest
@@ -46,7 +48,8 @@ def _panel_copies(nest: Nest, plan, bl: Blocking) -> list:
         reuse = rereads(a, nest)
         if sj == 1 and si == 0 and reuse // mr >= PACK_MIN_REUSE:
             axis, size, tile = j, width, plan.jt
-        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 and reuse // width >= PACK_MIN_REUSE:
+        elif sj == 0 and si == 1 and stride(a.index, a.loops[-1].var) != 1 and reuse // width >= PACK_MIN_REUSE \
+                and not padded(a.buffer, bl.target):
             axis, size, tile = i, mr, plan.it
         else:
             continue
