@@ -38,9 +38,9 @@ def crowded(row_bytes: int, rows: int, t: Target) -> bool:
 
 
 def padded(buffer, t: Target) -> bool:
-    """Whether ``buffer`` is a temporary whose rows :func:`pad_rows` made a
-    cache line longer than a multiple of the way: a column walk down them
-    reaches every set, so nothing need copy them for the walk's sake."""
+    """Whether ``buffer`` is a temporary with rows a cache line longer than a
+    multiple of the way, as :func:`pad_rows` makes them: a column walk down
+    them reaches every set, so nothing need copy them for the walk's sake."""
     row = buffer.shape[-1] * buffer.itemsize - t.cache_line
     return buffer.kind == "temp" and len(buffer.shape) >= 2 and row > 0 and row % (t.l1_bytes // t.l1_ways) == 0
 
