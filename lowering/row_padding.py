@@ -3,12 +3,12 @@ gets rows one cache line longer.
 
 A cache set is picked by the address modulo the way size (``l1_bytes /
 l1_ways``: 4 KiB on x86), so rows a multiple of it apart (1024 float32, 512
-float64) all fall in one set, and their lines share the L2's sets as few.
-A loop that walks down a column of such a temporary (a GEMM's transposed
-operand ``dS[i, j]`` summed over ``i``; a register tile's rows side by
-side) then keeps only ``ways`` lines of it in L1 and evicts them from L2
-long before the data would leave for capacity.  One more line per row makes
-the row stride an odd number of lines, which reaches every set.  Other
+float64) all fall in one set (the L2 picks its sets the same way, among
+more).  A loop that walks down a column of such a temporary (a GEMM's
+transposed operand ``dS[i, j]`` summed over ``i``; a register tile's rows
+side by side) then keeps only ``ways`` lines of it in L1.  One more line
+per row makes the row stride an odd number of lines, which reaches every
+set.  Other
 strides are left alone: a column walk down rows 6 KiB apart (two L1 sets)
 measured faster unpadded (benchmarks/README.md).
 
@@ -26,15 +26,20 @@ from math import prod
 
 from te_autodiff.expr import Const, Var
 
-from .loop_ir import (AlignGap, BufLoad, For, GuardedLoad, Program, Stage, Store, from_linear, linear_form, loads_in,
-                      map_loads, map_stmt, stage_buffers, stmt_exprs, walk)
+from .loop_ir import (AlignGap, For, Program, Stage, Store, from_linear, linear_form, loads_in, map_loads, map_stmt,
+                      stage_buffers, stmt_exprs, walk, with_load)
 from .target import Target
+
+
+def _way(t: Target) -> int:
+    """Bytes one way of ``t``'s L1 data cache holds."""
+    return t.l1_bytes // t.l1_ways
 
 
 def crowded(row_bytes: int, rows: int, t: Target) -> bool:
     """Whether ``rows`` rows ``row_bytes`` apart all fall in one L1 set of
     ``t`` (a multiple of the way size apart), more of them than its ways."""
-    return row_bytes % (t.l1_bytes // t.l1_ways) == 0 and rows > t.l1_ways
+    return row_bytes % _way(t) == 0 and rows > t.l1_ways
 
 
 def padded(buffer, t: Target) -> bool:
@@ -42,7 +47,7 @@ def padded(buffer, t: Target) -> bool:
     multiple of the way, as :func:`pad_rows` makes them: a column walk down
     them reaches every set, so nothing need copy them for the walk's sake."""
     row = buffer.shape[-1] * buffer.itemsize - t.cache_line
-    return buffer.kind == "temp" and len(buffer.shape) >= 2 and row > 0 and row % (t.l1_bytes // t.l1_ways) == 0
+    return buffer.kind == "temp" and len(buffer.shape) >= 2 and row > 0 and row % _way(t) == 0
 
 
 class _Unpadded(Exception):
@@ -96,15 +101,11 @@ def _repad(stage: Stage, old, new) -> Stage:
             raise _Unpadded
         return out
 
-    def load(x):
-        if x.buffer is not old:
-            return None
-        return BufLoad(new, index(x.index)) if isinstance(x, BufLoad) else GuardedLoad(new, index(x.index), x.cond)
-
     def store(s, expr):
-        return Store(new, index(s.index), expr(s.value)) if s.buffer is old else Store(s.buffer, expr(s.index),
-                                                                                          expr(s.value))
-    body = map_stmt(stage.body, lambda e: map_loads(e, load), store=store)
+        mine = s.buffer is old
+        return Store(new if mine else s.buffer, index(s.index) if mine else expr(s.index), expr(s.value))
+    body = map_stmt(stage.body, lambda e: map_loads(e, lambda x: with_load(x, new, index(x.index))
+                                                    if x.buffer is old else None), store=store)
     return replace(stage, body=body, buffer=new if stage.buffer is old else stage.buffer)
 
 
