@@ -4,17 +4,23 @@ is written into a block that an earlier output of the same size left when
 the caller let go of it.
 
 Why: a fresh block's pages are mapped on first touch, each zeroed by the
-operating system, and malloc hands blocks this large (above its mmap
-threshold, 32 MiB at most) back to the system when they are freed, so
-every call would pay again, as long as a kernel over such data takes,
-and with several threads faulting at once the wait varies widely
-(``benchmarks/README.md``).  Smaller blocks come from malloc's heap,
-which keeps freed memory itself.
+operating system, and malloc may hand a large block back to the system
+when it is freed: above its mmap threshold (glibc's starts at 128 KiB and
+follows the largest block freed, up to 32 MiB), or when the free memory at
+the top of its heap passes twice that threshold (two outputs of 2 MiB freed
+together).  Every call would then pay again, a fault per page, as long
+as a kernel over such data takes, and with several threads faulting at
+once the wait varies widely (``benchmarks/README.md``).
 
 A block is lent behind a sentinel (a ctypes view of it) that every array
-made from it references; when the last of them is gone, the sentinel's
-finaliser gives the block back.  Blocks given back are kept up to
-``1 / KEEP_SHARE`` of the machine's memory; beyond that they are freed.
+made from it references; when the last of them is gone, a weak reference's
+callback gives the block back.  A lend and its return cost a few
+Python calls, about as much as faulting in one page: from
+``REUSE_MIN_BYTES`` (256 pages) on, lending costs under 1% of what it can
+save; smaller blocks stay with malloc, which mostly keeps them (a lend
+would add more to a short kernel than malloc's rare return).  Blocks given
+back are kept up to ``1 / KEEP_SHARE`` of the machine's memory; beyond that
+they are freed.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import weakref
 
 import numpy as np
 
-REUSE_MIN_BYTES = 1 << 22    # numpy's threshold for huge pages; smaller blocks come from malloc's heap
+REUSE_MIN_BYTES = 1 << 20    # 256 pages: a lend costs under 1% of the faults it can save (module doc)
 KEEP_SHARE = 16              # blocks kept for reuse: at most this fraction of the machine's memory
 
 
@@ -38,7 +44,7 @@ def memory_bytes() -> int | None:
 
 
 class _Blocks:
-    """Blocks given back, by size; a reentrant lock, as a finaliser may run
+    """Blocks given back, by size; a reentrant lock, as a callback may run
     (garbage collection) while this thread is inside :meth:`lend`."""
 
     def __init__(self, keep_bytes: int):
@@ -46,22 +52,25 @@ class _Blocks:
         self.kept = 0
         self.keep_bytes = keep_bytes
         self.lock = threading.RLock()
+        self.lent = {}              # id of a weak reference to a sentinel -> (the reference, its block)
 
     def lend(self, nbytes: int) -> np.ndarray:
         """A writable uint8 array of ``nbytes`` (uninitialised, as ``np.empty``)."""
         with self.lock:
             blocks = self.free.get(nbytes)
-            block = blocks.pop() if blocks else None
-            if block is not None:
+            if blocks:
+                block = blocks.pop()
                 self.kept -= nbytes
-        if block is None:
-            block = np.empty(nbytes, np.uint8)
-        sentinel = (ctypes.c_char * nbytes).from_buffer(block)
-        weakref.finalize(sentinel, self._give_back, block).atexit = False
+            else:
+                block = np.empty(nbytes, np.uint8)
+            sentinel = (ctypes.c_char * nbytes).from_buffer(block)
+            ref = weakref.ref(sentinel, self._give_back)
+            self.lent[id(ref)] = ref, block
         return np.frombuffer(sentinel, np.uint8)
 
-    def _give_back(self, block: np.ndarray):
+    def _give_back(self, ref):
         with self.lock:
+            _, block = self.lent.pop(id(ref))
             if self.kept + block.nbytes <= self.keep_bytes:
                 self.free.setdefault(block.nbytes, []).append(block)
                 self.kept += block.nbytes
