@@ -1,5 +1,6 @@
 """The lowering order, in one place: tensors -> loop IR -> fused -> rows
-padded -> scheduled for a target -> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
+padded -> scheduled for a target -> row chains joined -> LLVM IR -> machine
+code -> :class:`~lowering.runtime.Kernel`.
 
 ``te.build`` and ``te.cost`` both run :func:`lower_for`; ``te.build`` then
 compiles its result.  Each step takes the previous step's immutable program
@@ -19,6 +20,7 @@ from .loop_ir import Program
 from .lower import lower, validate
 from .positions import narrow
 from .powers import integer_powers
+from .row_chains import join_rows
 from .row_padding import pad_rows
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
@@ -37,13 +39,15 @@ class Lowered:
 
 
 def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Program:
-    """Steps 2 and 3: fuse stages over one domain (unless ``fusion`` is
-    False), give temporaries whose rows all fall in one cache set a padded
-    row (``row_padding.py``), then schedule every stage for ``target``; with the
-    loops fixed, integer powers become running products and multiplications
-    (``powers.py``)."""
+    """Steps 2 and 3: fuse stages over one domain, give temporaries whose
+    rows all fall in one cache set a padded row (``row_padding.py``),
+    schedule every stage for ``target``, run consecutive stages over the
+    same rows as one (``row_chains.py``; neither fusion without ``fusion``);
+    with the loops fixed, integer powers become running products and
+    multiplications (``powers.py``)."""
     fused = fuse(plain, splits_reduction) if fusion else plain
-    return integer_powers(schedule(pad_rows(fused, target), target))
+    scheduled = schedule(pad_rows(fused, target), target)
+    return integer_powers(join_rows(scheduled, target) if fusion else scheduled)
 
 
 def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Lowered:
