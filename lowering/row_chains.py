@@ -19,11 +19,14 @@ inside it), the rest inside one row (checked over the loops' ranges, a
 tile's remainder branch narrowing them).  A row then reads only what the
 stages before it wrote for that row, as they ran in turn before.  The rows
 are the most loops that holds for; a row of the shared buffers must fit in
-half of L2 (whole heads would gain nothing), and a chain whose members
-share less than a cache line per row (a value per row, cheap to read back)
-stays apart: rows joined then only read one input twice, and the second
-stage's stream through memory, ramped up over the whole input when apart,
-would start afresh each row.  Each element keeps its
+half of L2 (whole heads would gain nothing).  A chain joins only where it
+gains: its shared buffers, a thread's share of them, would leave L2
+between the stages run apart (smaller ones stay there anyway, and one
+loop over several bodies runs slower than the stages did), and a row of
+them is a cache line at least (a value per row is cheap to read back;
+rows joined would only read one input twice, and the second stage's
+stream through memory, ramped up over the whole input when apart, would
+start afresh each row).  Each element keeps its
 operations and the order of its reductions (LLVM may still round a last
 bit differently in the new surroundings: a reciprocal one body computes
 can stand for another's division).  Stages with index checks, a scan's
@@ -149,8 +152,9 @@ def _one_row(found: list, extents: list) -> bool:
 
 
 def _shared_bytes(members: list, depth: int, seen: dict):
-    """The bytes of one row of every buffer that one of ``members`` writes and
-    another touches, if all open with the loops of the first ``depth``, each
+    """The bytes of one row, and of the whole, of every buffer that one of
+    ``members`` writes and another touches, if all open with the loops of
+    the first ``depth``, each
     shares such a buffer (stages that share nothing gain nothing), and each
     such buffer is touched at one row only (see the module doc), else None.
     A stage's own rows are independent (it writes each element once, from
@@ -176,7 +180,8 @@ def _shared_bytes(members: list, depth: int, seen: dict):
     if not all(_one_row(found[b], extents) for b in shared) or \
             not all(any(k in users[b] for b in shared) for k in range(len(members))):
         return None
-    return sum(b.itemsize * (max(f[2] for f in found[b]) - min(f[1] for f in found[b]) + 1) for b in shared)
+    row = sum(b.itemsize * (max(f[2] for f in found[b]) - min(f[1] for f in found[b]) + 1) for b in shared)
+    return row, sum(b.nbytes for b in shared)
 
 
 def _rows_for(members: list, target: Target, seen: dict) -> int:
@@ -187,8 +192,17 @@ def _rows_for(members: list, target: Target, seen: dict) -> int:
     for depth in range(most, 0, -1):
         shared = _shared_bytes(members, depth, seen)
         if shared is not None:
-            return depth if shared <= target.l2_bytes // 2 else 0
+            return depth if shared[0] <= target.l2_bytes // 2 else 0
     return 0
+
+
+def _worth(shared: tuple, target: Target) -> bool:
+    """Whether a chain sharing ``(row, whole)`` bytes gains by running row by
+    row: its shared data, a thread's share of it, would leave L2 between
+    the stages run apart, and a row of it is a cache line at least (a value
+    per row is cheap to read back)."""
+    row, whole = shared
+    return row >= target.cache_line and whole > target.l2_bytes * target.threads
 
 
 def _join(chain: list, depth: int) -> Stage:
@@ -230,9 +244,9 @@ def join_rows(program: Program, target: Target) -> Program:
     rows (see the module doc) joined into one stage."""
     out, chain, depth, seen = [], [], 0, {}
 
-    def close():                    # less than a line per row shared: a value per row, cheap to read back
-        worth = len(chain) > 1 and _shared_bytes(chain, depth, seen) >= target.cache_line
-        out.extend([_join(chain, depth)] if worth else chain)
+    def close():
+        out.extend([_join(chain, depth)] if len(chain) > 1 and _worth(_shared_bytes(chain, depth, seen), target)
+                   else chain)
         chain.clear()
 
     for st in program.stages:
