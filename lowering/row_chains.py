@@ -19,19 +19,22 @@ inside it), the rest inside one row (checked over the loops' ranges, a
 tile's remainder branch narrowing them).  A row then reads only what the
 stages before it wrote for that row, as they ran in turn before.  The rows
 are the most loops that holds for; a row of the shared buffers must fit in
-half of L2 (whole heads would gain nothing).  A chain joins only where it
-gains: its shared buffers, a thread's share of them, would leave L2
-between the stages run apart (smaller ones stay there anyway, and one
-loop over several bodies runs slower than the stages did), and a row of
-them is a cache line at least (a value per row is cheap to read back;
-rows joined would only read one input twice, and the second stage's
+half of L2 (whole heads would gain nothing).
+
+A chain joins only where it gains: its shared buffers, a thread's share of
+them, would leave L2 between the stages run apart (smaller ones stay there
+anyway, and one loop over several bodies ran slower than the stages), and
+a row of them is a cache line at least (a value per row is cheap to read
+back; rows joined would only read one input twice, and the second stage's
 stream through memory, ramped up over the whole input when apart, would
-start afresh each row).  Each element keeps its
-operations and the order of its reductions (LLVM may still round a last
-bit differently in the new surroundings: a reciprocal one body computes
-can stand for another's division).  Stages with index checks, a scan's
-step, a counting sort or a hand-written body keep to themselves (a failed
-check is reported by the stage that ran it first)."""
+start afresh each row).
+
+Each element keeps its operations and the order of its reductions (LLVM
+may still round a last bit differently in the new surroundings: a
+reciprocal one body computes can stand for another's division).  Stages
+with index checks, a scan's step, a counting sort or a hand-written body
+keep to themselves (a failed check is reported by the stage that ran it
+first)."""
 from __future__ import annotations
 
 from dataclasses import replace
