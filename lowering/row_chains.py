@@ -157,12 +157,12 @@ def _one_row(found: list, extents: list) -> bool:
 def _shared_bytes(members: list, depth: int, seen: dict):
     """The bytes of one row, and of the whole, of every buffer that one of
     ``members`` writes and another touches, if all open with the loops of
-    the first ``depth``, each
-    shares such a buffer (stages that share nothing gain nothing), and each
-    such buffer is touched at one row only (see the module doc), else None.
-    A stage's own rows are independent (it writes each element once, from
-    other buffers), so only the buffers members share are checked.
-    ``seen`` keeps each stage's accesses per depth."""
+    the first ``depth``, each shares such a buffer (stages that share
+    nothing gain nothing), and each such buffer is touched at one row only
+    (see the module doc), else None.  A stage's own rows are independent
+    (it writes each element once, from other buffers), so only the buffers
+    members share are checked.  ``seen`` keeps each stage's accesses per
+    depth."""
     rows = _loops(members[0])[:depth]
     found, users, written = {}, {}, set()
     for k, st in enumerate(members):
