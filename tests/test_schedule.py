@@ -322,18 +322,45 @@ def test_gemm_tails_and_blocked_reductions(rng, n, k, m, transposed):
     np.testing.assert_allclose(te.build([A, B], [C])(a, b), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-def test_k_blocked_gemm_keeps_each_elements_sum_order(rng):
-    """Blocks resume from the partial sum: same bits as one unblocked pass.
-    One row tile fewer than ``PACK_MIN_REUSE`` reads ``B`` too few times
-    for a panel: blocks of ``k_block`` steps."""
+def _after_its_loop(text: str) -> bool:
+    """Whether every K block of the scheduled ``text`` combines the
+    partial result of the blocks before after its own loop."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    combines = [n for n, ln in enumerate(lines) if ln.startswith("if k.b > 0:")]
+    loops = [n for n, ln in enumerate(lines) if re.match(r"for \S+ in k\.b \* \d+", ln)]
+    return bool(combines) and len(combines) == len(loops) and all(c > k for c, k in zip(combines, loops))
+
+
+def test_k_blocked_gemm_adds_the_blocks_before_after_its_own_sum(rng):
+    """Each block sums its steps from zero and then adds the partial sum the
+    blocks before left, so the reload of the output tile does not delay its
+    multiply-adds; the value is within the blocked sum's error bound.  One
+    row tile fewer than ``PACK_MIN_REUSE`` reads ``B`` too few times for a
+    panel: blocks of ``k_block`` steps."""
     bl = blocking(te.target())
     A, B, C = matmul((PACK_MIN_REUSE - 1) * bl.tile_rows, 3 * bl.k_block - 68, 40)
     Y = te.compute(C.shape, lambda i, j: te.tanh(C[i, j]) * 2.0, name="Y")
     kernel = te.build([A, B], [Y])
-    assert "k.b" in kernel.scheduled_ir
+    assert _after_its_loop(kernel.scheduled_ir)
     a = rng.standard_normal(A.shape).astype(np.float32) * 0.05
     b = rng.standard_normal(B.shape).astype(np.float32) * 0.05
     np.testing.assert_allclose(kernel(a, b), np.tanh(a.astype(np.float64) @ b) * 2, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_k_blocks_combine_partial_results_with_the_reductions_operator(rng, op):
+    """A max-plus (min-plus) product in K blocks: a block's partial maximum
+    is combined with the blocks' before by ``max``, not added to it; max and
+    min round nothing, so the value is numpy's exactly."""
+    bl = blocking(te.target())
+    n, k, m = (PACK_MIN_REUSE - 1) * bl.tile_rows, 3 * bl.k_block - 68, 40
+    A, B = te.placeholder((n, k), "float32", "A"), te.placeholder((k, m), "float32", "B")
+    r = te.reduce_axis(k, "r")
+    C = te.compute((n, m), lambda i, j: getattr(te, op)(A[i, r] + B[r, j], axis=r), name="C")
+    kernel = te.build([A, B], [C])
+    assert _after_its_loop(kernel.scheduled_ir)
+    a, b = rng.standard_normal(A.shape).astype(np.float32), rng.standard_normal(B.shape).astype(np.float32)
+    np.testing.assert_array_equal(kernel(a, b), getattr(np, op)(a[:, :, None] + b[None], axis=1))
 
 
 @pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])

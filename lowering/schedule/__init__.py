@@ -12,13 +12,13 @@ run, one module each; each rule decides a plan from the nest and the target
 builds it.
 
 Determinism: every rule either keeps each element's sequence of operations
-(vector lanes, tiles, K blocks, loop order) or reassociates a reduction in
-one fixed way that depends on the shapes (lanes, parts) and, for a reduction
-in lanes with rows inside, on where in a cache line the input read along the
-lanes starts (``aligned_grid.py``): the same arrays give the same bits, a
-copy placed elsewhere may differ in the last bits.  The thread count only
-decides which thread runs which root iterations, so every run and every
-thread count gives the same bits.
+(vector lanes, tiles, loop order) or reassociates a reduction in one fixed
+way that depends on the shapes and the target (lanes, parts, K blocks)
+and, for a reduction in lanes with rows inside, on where in a cache line
+the input read along the lanes starts (``aligned_grid.py``): the same
+arrays give the same bits, a copy placed elsewhere may differ in the last
+bits.  The thread count only decides which thread runs which root
+iterations, so every run and every thread count gives the same bits.
 
 A stage that already holds a ``Simd`` loop is left alone, so the pass is
 idempotent; so is a ``fixed`` stage, written by hand (``key_stages.py``).

@@ -2,23 +2,28 @@
 equal blocks of at most ``Blocking.k_block`` steps (``k_block_panel`` when
 the column operand is read from a panel; a reduction over a perfect nest of
 loops, a convolution's weight gradient over images, rows and columns, is
-cut along its outer loop, at least one of its iterations a block), each
-resuming from the partial sums the block before left, and the loops are
-ordered column tiles, K blocks, row tiles: a block x tile-width slice of
-the column operand stays in L1 (in L2 for a panel, streamed in address
-order) while the row tiles pass.  A reduction so cut from a panel whose
-partial sums stay in the output takes blocks of ``k_block_rows`` instead
-(BLIS's KC): blocks of rows take its K blocks (``row_blocks.py``), and the
-shorter the blocks the more rows a block holds, so the panel is re-read
-from L3 for fewer of them.  Each element still adds its terms in the same
-order, so the result is bit-identical."""
+cut along its outer loop, at least one of its iterations a block), and the
+loops are ordered column tiles, K blocks, row tiles: a block x tile-width
+slice of the column operand stays in L1 (in L2 for a panel, streamed in
+address order) while the row tiles pass.  A reduction so cut from a panel
+whose partial sums stay in the output takes blocks of ``k_block_rows``
+instead (BLIS's KC): blocks of rows take its K blocks (``row_blocks.py``),
+and the shorter the blocks the more rows a block holds, so the panel is
+re-read from L3 for fewer of them.
+
+Each block sums its own steps from the reduction's identity, in order, and
+then combines the partial sum the blocks before left: the output tile's
+reload (from L3 once a block of rows' outputs has left L2) is issued with
+the multiply-adds it no longer delays.  An element's value is the sum of
+its blocks' sums, each in step order: a reassociation within the error
+bound of the unblocked sum, the same on every call and thread count."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from te_autodiff.expr import Const, Var, add, compare, minimum, mul, sub, var
+from te_autodiff.expr import BinOp, Const, Var, add, binop, compare, minimum, mul, sub, var
 
 from ..loop_ir import Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Stage, Store, stride, substitute, walk
 from .blocking import Blocking
@@ -28,12 +33,14 @@ from .nest import Nest
 
 @dataclass(frozen=True)
 class KBlocks:
-    """The plan for a reduction of ``steps`` iterations into ``acc``:
-    ``count`` blocks of ``size``, numbered by ``var``; ``in_place``: the
-    partial sums stay in the output (contiguous along ``j``, same dtype),
-    else in a temporary read by a separate epilogue."""
+    """The plan for a reduction of ``steps`` iterations into ``acc``, each
+    step ``acc = combine(acc, term)``: ``count`` blocks of ``size``,
+    numbered by ``var``; ``in_place``: the partial sums stay in the output
+    (contiguous along ``j``, same dtype), else in a temporary read by a
+    separate epilogue."""
 
     acc: Local
+    combine: str
     steps: int
     count: int
     size: int
@@ -42,11 +49,11 @@ class KBlocks:
 
 
 def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
-    """The :class:`KBlocks` of a GEMM-like element body ``acc = init; for k:
-    acc = acc + ...; out[idx] = f(acc)`` whose loop is longer than
-    ``Blocking.k_block_min(size)``: equal blocks of at most ``size``
-    iterations (784 = 4 x 196: no short last block paying a whole block's
-    loads and stores of the accumulators).  None for any other body."""
+    """The :class:`KBlocks` of a GEMM-like element body ``acc = identity;
+    for k: acc = acc op ...; out[idx] = f(acc)`` whose loop is longer than
+    ``Blocking.k_block_min(size)``: equal blocks of at most ``size`` iterations (784 = 4 x
+    196: no short last block paying a whole block's loads and stores of the
+    accumulators).  None for any other body."""
     stmts = body.stmts
     if len(stmts) < 3 or not isinstance(stmts[-1], Store) or stmts[-1].buffer is not out:
         return None
@@ -61,13 +68,26 @@ def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     writes = {x.local for x in walk(loop) if isinstance(x, Assign)}
     declared = {x.local for x in walk(loop) if isinstance(x, Alloc)}
     (acc,) = writes - declared if len(writes - declared) == 1 else (None,)
-    if acc is None or not all(
+    combine = _combine(loop, acc)
+    if combine is None or not all(
             isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const) for x in stmts[:-2]):
         return None
     n, size = loop.extent.value, max(1, size // inner)
     count = -(-n // size)
     in_place = stride(stmts[-1].index, j) == 1 and acc.dtype == out.dtype
-    return KBlocks(acc, n, count, -(-n // count), in_place, var("k.b"))
+    return KBlocks(acc, combine, n, count, -(-n // count), in_place, var("k.b"))
+
+
+COMBINING = ("add", "mul", "max", "min")        # the reductions' operators (``lower._COMBINE``)
+
+
+def _combine(loop: For, acc: Local):
+    """The operator of every update of ``acc`` in ``loop`` (``acc = acc op
+    term``), None if they are anything else."""
+    ops = {x.value.op if isinstance(x.value, BinOp) and x.value.a is acc else None
+           for x in walk(loop) if isinstance(x, Assign) and x.local is acc}
+    (op,) = ops if len(ops) == 1 else (None,)
+    return op if op in COMBINING else None
 
 
 def _inner_steps(loop: For):
@@ -95,28 +115,27 @@ def _partial_sums(nest: Nest, j: Var, name: str, dtype, temps: Temporaries):
 
 
 def _k_blocked(body: Block, plan: KBlocks, out: Buffer, sums=None):
-    """``body`` in K blocks: block ``plan.var`` runs its share of the
-    reduction, resuming from the partial sum left by the block before (the
-    epilogue runs after the last block).  Each element still adds its terms
-    in the same order, so the result is bit-identical.  In place the partial
-    sums go back into the output as whole vectors; otherwise every block
-    stores them into ``sums`` (``(buffer, index)``, :func:`_partial_sums`)
-    and a separate epilogue ``out[idx] = f(sum)`` reads them (one
-    transposing pass instead of a scatter per tile).  Returns ``(body,
-    epilogue)`` with ``epilogue`` None or ``(buffer, store)``."""
+    """``body`` in K blocks: block ``plan.var`` sums its share of the
+    reduction from the identity, then combines the partial sum the blocks
+    before left (the epilogue runs after the last block).  In place the
+    partial sums go back into the output as whole vectors; otherwise every
+    block stores them into ``sums`` (``(buffer, index)``,
+    :func:`_partial_sums`) and a separate epilogue ``out[idx] = f(sum)``
+    reads them (one transposing pass instead of a scatter per tile).
+    Returns ``(body, epilogue)`` with ``epilogue`` None or ``(buffer, store)``."""
     *head, loop, store = body.stmts
     acc, kb, size = plan.acc, plan.var, plan.size
     sums, at = (out, store.index) if sums is None else sums
     lo = add(loop.lo, mul(kb, idx(size)))
     extent = idx(size) if plan.steps % size == 0 else minimum(idx(size), sub(idx(plan.steps), mul(kb, idx(size))))
-    first, last = compare("eq", kb, idx(0)), compare("eq", kb, idx(plan.count - 1))
+    later, last = compare("gt", kb, idx(0)), compare("eq", kb, idx(plan.count - 1))
     keep = Store(sums, at, acc)
     epilogue = None if plan.in_place else \
         (sums, Store(out, store.index, substitute(store.value, {acc: BufLoad(sums, at)})))
     return Block((
-        Alloc(acc, None),
-        If(first, Block((Assign(acc, head[0].init),)), Block((Assign(acc, BufLoad(sums, at)),))),
+        *head,
         For(loop.var, lo, extent, loop.body, loop.kind),
+        If(later, Block((Assign(acc, binop(plan.combine, BufLoad(sums, at), acc)),))),
         If(last, Block((store,)), Block((keep,))) if plan.in_place else keep,
     )), epilogue
 
