@@ -51,9 +51,9 @@ class KBlocks:
 def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     """The :class:`KBlocks` of a GEMM-like element body ``acc = identity;
     for k: acc = acc op ...; out[idx] = f(acc)`` whose loop is longer than
-    ``Blocking.k_block_min(size)``: equal blocks of at most ``size`` iterations (784 = 4 x
-    196: no short last block paying a whole block's loads and stores of the
-    accumulators).  None for any other body."""
+    ``Blocking.k_block_min(size)``: equal blocks of at most ``size``
+    iterations (784 = 4 x 196: no short last block paying a whole block's
+    loads and stores of the accumulators).  None for any other body."""
     stmts = body.stmts
     if len(stmts) < 3 or not isinstance(stmts[-1], Store) or stmts[-1].buffer is not out:
         return None
