@@ -392,6 +392,34 @@ def test_row_blocks_take_the_k_blocks_inside_them(rng, name):
         np.testing.assert_allclose(kernel(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
+@pytest.mark.parametrize("threads", [2, 4])
+def test_row_blocks_stay_the_parallel_root_where_they_share_out_evenly(rng, name, threads):
+    """A weight gradient's product whose rows make two row blocks (one K
+    block of them between one and two ``row_block_bytes``) and eight column
+    tiles.  Over two threads the two blocks share out evenly and stay the
+    parallel root, their K blocks and the column tiles inside, so each
+    thread reads its rows' K blocks once; over four the column tiles move
+    out to give every thread work (the rows' K blocks then re-read per
+    column tile).  Same values either way."""
+    target = replace(te.target(name), threads=threads)
+    bl = blocking(target)
+    kc = bl.k_block_rows(4)
+    rows, cols, steps = 3 * bl.row_block_bytes // (2 * kc * 4), 8 * TILE_VECTORS * target.lanes(4), 2 * bl.k_block_panel
+    A, B = te.placeholder((steps, rows), "float32", "A"), te.placeholder((steps, cols), "float32", "B")
+    k = te.reduce_axis(steps, "k")
+    C = te.compute((rows, cols), lambda i, j: te.sum(A[k, i] * B[k, j], axis=k), name="C")
+    kernel = te.build([A, B], [C], target=target)
+    text = stmt_text(stage(kernel, "C").body)
+    loops = [ln.split(" in ")[0].split()[-1] for ln in text.splitlines() if " for " in f" {ln.strip()}"]
+    assert loops[:3] == (["i.b", "k.b", "j.o"] if threads == 2 else ["j.o", "i.b", "k.b"])
+    assert text.splitlines()[0].startswith("parallel for") and " in 0..2:" in text.splitlines()[threads // 2 - 1]
+    if kernel.target.missing_on_host() is None:
+        a = rng.standard_normal(A.shape).astype(np.float32)
+        b = rng.standard_normal(B.shape).astype(np.float32)
+        np.testing.assert_allclose(kernel(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 def conv(n, c, h, f, k, pad):
     X = te.placeholder((n, c, h, h), "float32", "X")
     W = te.placeholder((f, c, k, k), "float32", "W")

@@ -89,7 +89,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     body = packing.build(plan.body, plan.copies, temps, copies, bl.target.cache_line)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
     loops = tile_loops.build(plan, body) if plan.gather is None else gather_blocks.build(plan, body)
-    body = parallel_root.build(plan.untiled(nest), loops, bl.target.threads, plan.pinned)
+    body = parallel_root.build(plan.untiled(nest), loops, bl.target.threads, plan.pinned, plan.shared)
     out = [Stage(*into, body)] + again(epilogue)         # scheduled before the copies: temporaries keep their order
     return [packing.unrolled_partially(s) for s in again(copies)] + out
 

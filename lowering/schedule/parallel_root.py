@@ -1,6 +1,8 @@
 """Parallel root: the outermost loop of a stage is the one the runtime
 splits across threads, so it should have at least ``MIN_ROOT``
-iterations; an output tile loop with more is moved out when it has fewer.
+iterations; an output tile loop with more is moved out when it has fewer,
+unless it lies inside K blocks that blocks of rows take and the blocks
+already share out evenly (two over two threads).
 A root whose iterations do not share out evenly over the target's threads
 (3 over 2 keeps one thread idle a third of the time) is collapsed with the
 loop inside it (3 x 3 = 9: 5 and 4), and again with the next while that
@@ -38,14 +40,20 @@ def _loop_chain(loop):
             return out
 
 
-def _choose_root(chain, movable: set):
+def _choose_root(chain, movable: set, shared: set, threads: int):
     """Move a loop with at least MIN_ROOT iterations outermost when the
     outermost has fewer (loops over independent outputs, ``movable``, may be
-    reordered freely).  Returns the loop order; the body stays the innermost's."""
+    reordered freely), but not from inside a loop of ``shared`` (K blocks
+    that blocks of rows take: the loops inside share one K block of the
+    rows, which a loop moved outside would re-read once per iteration) when
+    the outermost already shares out evenly over ``threads``.  Returns the
+    loop order; the body stays the innermost's."""
     first = chain[0]
     if trips(first) >= MIN_ROOT:
         return chain
     for k, lp in enumerate(chain[1:], 1):
+        if lp.var in shared and root_balance(chain, 1, threads) >= BALANCED:
+            return chain
         if lp.var in movable and trips(lp) >= MIN_ROOT and \
                 not depends(stmt_exprs(lp), {x.var for x in chain[:k]}):
             return [lp] + chain[:k] + chain[k + 1:]
@@ -101,14 +109,14 @@ def _collapsed(chain, body, movable: set, threads: int):
     return chain, body
 
 
-def build(outer: list, loops, threads: int, pinned=()):
+def build(outer: list, loops, threads: int, pinned=(), shared=()):
     """The stage body: the output loops ``outer`` (outermost first) around the
     tile ``loops`` (a loop nest, or a block that stays inside ``outer``),
     reordered for a parallel root (:func:`_choose_root`; every loop may move
-    but those of ``pinned``) and collapsed when that root is unbalanced over
-    ``threads``."""
+    but those of ``pinned``, and none out of ``shared`` under a balanced
+    root) and collapsed when that root is unbalanced over ``threads``."""
     chain = list(outer) + (_loop_chain(loops) if isinstance(loops, For) else [])
     body = chain[-1].body if isinstance(loops, For) else loops
     movable = {lp.var for lp in chain} - set(pinned)
-    chain, body = _collapsed(_choose_root(chain, movable), body, movable, threads)
+    chain, body = _collapsed(_choose_root(chain, movable, set(shared), threads), body, movable, threads)
     return assemble(chain, body)
