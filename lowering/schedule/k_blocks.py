@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from te_autodiff.expr import BinOp, Const, Var, add, binop, compare, minimum, mul, sub, var
+from te_autodiff.expr import BinOp, Const, Var, add, binop, compare, identity_of, minimum, mul, sub, var
 
 from ..loop_ir import Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Stage, Store, stride, substitute, walk
 from .blocking import Blocking
@@ -50,7 +50,8 @@ class KBlocks:
 
 def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     """The :class:`KBlocks` of a GEMM-like element body ``acc = identity;
-    for k: acc = acc op ...; out[idx] = f(acc)`` whose loop is longer than
+    for k: acc = acc op ...; out[idx] = f(acc)`` (``op`` a reduction's
+    operator, ``identity`` its neutral element) whose loop is longer than
     ``Blocking.k_block_min(size)``: equal blocks of at most ``size``
     iterations (784 = 4 x 196: no short last block paying a whole block's
     loads and stores of the accumulators).  None for any other body."""
@@ -70,7 +71,8 @@ def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     (acc,) = writes - declared if len(writes - declared) == 1 else (None,)
     combine = _combine(loop, acc)
     if combine is None or not all(
-            isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const) for x in stmts[:-2]):
+            isinstance(x, Alloc) and x.local is acc and isinstance(x.init, Const)
+            and x.init.value == identity_of(COMBINING[combine], acc.dtype) for x in stmts[:-2]):
         return None
     n, size = loop.extent.value, max(1, size // inner)
     count = -(-n // size)
@@ -78,7 +80,7 @@ def _k_blocks(body: Block, out: Buffer, j: Var, size: int):
     return KBlocks(acc, combine, n, count, -(-n // count), in_place, var("k.b"))
 
 
-COMBINING = ("add", "mul", "max", "min")        # the reductions' operators (``lower._COMBINE``)
+COMBINING = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}   # operator -> reduction (``lower._COMBINE``)
 
 
 def _combine(loop: For, acc: Local):

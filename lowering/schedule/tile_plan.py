@@ -72,7 +72,7 @@ class TilePlan:
     @property
     def pinned(self) -> tuple:
         """The loops the parallel root must not move: the K blocks (each
-        resumes from the block before)."""
+        combines its partial result with the blocks' before it)."""
         return () if self.k_blocks is None else (self.k_blocks.var,)
 
     @property
