@@ -420,6 +420,34 @@ def test_row_blocks_stay_the_parallel_root_where_they_share_out_evenly(rng, name
         np.testing.assert_allclose(kernel(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
+def test_weight_gradient_runs_each_k_block_across_every_tap(rng, name):
+    """A convolution's weight gradient ``D[o, i, p, q] = Σ_b,y,x H[b, o, y,
+    x] X[b, i, y + p, x + q]``: K blocks of whole images, partial sums in a
+    temporary, row blocks of input channels.  Inside each block of rows the
+    K blocks come first, the nine taps and the column tiles inside them, so
+    a block of images is read once per block of rows, not once per tap and
+    column tile (it was: the whole ``H`` from memory nine times per block)."""
+    target = replace(te.target(name), threads=2)
+    n, c, f, h = 8, 64, 64, 28
+    X, H = te.placeholder((n, c, h + 2, h + 2), "float32", "X"), te.placeholder((n, f, h, h), "float32", "H")
+    b, y, x = te.reduce_axis(n, "b"), te.reduce_axis(h, "y"), te.reduce_axis(h, "x")
+    D = te.compute((f, c, 3, 3), lambda o, i, p, q: te.sum(H[b, o, y, x] * X[b, i, y + p, x + q], axis=[b, y, x]),
+                   name="D")
+    kernel = te.build([X, H], [D], target=target)
+    text = stmt_text(stage(kernel, "D.sums").body)
+    loops = [ln.split(" in ")[0].split()[-1] for ln in text.splitlines() if " for " in f" {ln.strip()}"]
+    assert loops[:5] == ["i.b", "k.b", "p", "q", "o.o"]
+    if kernel.target.missing_on_host() is None:
+        xs = rng.standard_normal(X.shape).astype(np.float32)
+        hs = rng.standard_normal(H.shape).astype(np.float32)
+        want = np.zeros(D.shape)
+        for p in range(3):
+            for q in range(3):
+                want[:, :, p, q] = np.einsum("boyx,biyx->oi", hs, xs[:, :, p:p + h, q:q + h], dtype=np.float64)
+        np.testing.assert_allclose(kernel(xs, hs), want, rtol=1e-4, atol=1e-3)
+
+
 def conv(n, c, h, f, k, pad):
     X = te.placeholder((n, c, h, h), "float32", "X")
     W = te.placeholder((f, c, k, k), "float32", "W")

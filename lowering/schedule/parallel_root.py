@@ -2,7 +2,8 @@
 splits across threads, so it should have at least ``MIN_ROOT``
 iterations; an output tile loop with more is moved out when it has fewer,
 unless it lies inside K blocks that blocks of rows take and the blocks
-already share out evenly (two over two threads).
+already share out evenly (two over two threads); such K blocks run
+outside the untiled output loops (a convolution's taps).
 A root whose iterations do not share out evenly over the target's threads
 (3 over 2 keeps one thread idle a third of the time) is collapsed with the
 loop inside it (3 x 3 = 9: 5 and 4), and again with the next while that
@@ -109,14 +110,34 @@ def _collapsed(chain, body, movable: set, threads: int):
     return chain, body
 
 
+def _shared_first(chain, shared: set, untiled: set):
+    """``chain`` with each loop of ``shared`` (K blocks that blocks of rows
+    take, constant bounds) moved out of the untiled output loops just
+    around it (a convolution's taps), never past the root: every loop
+    inside a K block then reads that block's slice of both operands from
+    cache, where each iteration of an output loop outside it would stream
+    the whole reduction again.  Each element still runs its K blocks in
+    order."""
+    chain = list(chain)
+    for k in range(2, len(chain)):
+        at = k
+        while chain[k].var in shared and at > 1 and chain[at - 1].var in untiled:
+            at -= 1
+        chain.insert(at, chain.pop(k))
+    return chain
+
+
 def build(outer: list, loops, threads: int, pinned=(), shared=()):
     """The stage body: the output loops ``outer`` (outermost first) around the
     tile ``loops`` (a loop nest, or a block that stays inside ``outer``),
     reordered for a parallel root (:func:`_choose_root`; every loop may move
     but those of ``pinned``, and none out of ``shared`` under a balanced
-    root) and collapsed when that root is unbalanced over ``threads``."""
+    root), the ``shared`` loops out of the untiled ones (:func:`_shared_first`),
+    and collapsed when that root is unbalanced over ``threads``."""
     chain = list(outer) + (_loop_chain(loops) if isinstance(loops, For) else [])
     body = chain[-1].body if isinstance(loops, For) else loops
     movable = {lp.var for lp in chain} - set(pinned)
-    chain, body = _collapsed(_choose_root(chain, movable, set(shared), threads), body, movable, threads)
+    untiled = {lp.var for lp in outer}
+    chain = _shared_first(_choose_root(chain, movable, set(shared), threads), set(shared), untiled)
+    chain, body = _collapsed(chain, body, movable, threads)
     return assemble(chain, body)

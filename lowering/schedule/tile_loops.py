@@ -128,15 +128,14 @@ def _column_tile(plan: TilePlan, body, segments, block, tags, base, n_cols, tile
 
 def _columns_first(plan: TilePlan, body, segments, tags) -> For:
     """(Row blocks,) column tiles, (K blocks,) row tiles; with row blocks
-    and K blocks whose partial sums stay in the output, BLIS's order: row
-    blocks, K blocks, column tiles, row tiles, so a block of rows' slice of
-    one K block stays in L2 while every column panel's slice passes once,
-    instead of the rows' whole reduction re-read per column tile.  Partial
-    sums kept in a temporary (a convolution's weight gradient, a K block per
-    image) stay in cache only with their column tile's K blocks together."""
+    and K blocks, BLIS's order: row blocks, K blocks, column tiles, row
+    tiles, so a block of rows' slice of one K block stays in L2 while every
+    column panel's slice passes once, instead of the rows' whole reduction
+    re-read per column tile (the parallel root keeps the K blocks just
+    inside the row blocks, ``parallel_root.py``)."""
     block = None if plan.row_block is None else (var(f"{plan.i.name}.b"), plan.row_block)
     kb = plan.k_blocks
-    k_inside = block is None or kb is None or not kb.in_place
+    k_inside = block is None or kb is None
     loop = tiled(plan.j_extent, plan.nr * plan.lanes, var(f"{plan.j.name}.o"),
                  lambda base, n_cols, tile: _column_tile(plan, body, segments, block, tags, base, n_cols, tile,
                                                          k_inside))

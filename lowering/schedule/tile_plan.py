@@ -77,10 +77,10 @@ class TilePlan:
 
     @property
     def shared(self) -> tuple:
-        """The loops whose inner loops share a block of the rows: K blocks in
-        place taken by row blocks (BLIS's order, ``tile_loops.py``)."""
+        """The loops whose inner loops share a block of the rows: K blocks
+        taken by row blocks (BLIS's order, ``tile_loops.py``)."""
         kb = self.k_blocks
-        return (kb.var,) if kb is not None and kb.in_place and self.row_block is not None else ()
+        return (kb.var,) if kb is not None and self.row_block is not None else ()
 
     def untiled(self, nest: Nest) -> list:
         """The output loops neither the vector loop nor the row tiles (or gather blocks) replace."""
