@@ -2,9 +2,10 @@
 tiles of ``NR`` vectors along ``j``, each vector loop running the element
 body jammed over the tile's rows and vectors (``jam.py``: full vectors
 together, then a partial last vector), and with a register tile the row tiles of
-``MR`` rows of ``i``, in the order the plan says: row blocks
-(``row_blocks.py``), column tiles, K blocks (``k_blocks.py``), row tiles
-when the column tiles run first, else row tiles around column tiles; the
+``MR`` rows of ``i``, in the order the plan says: (row blocks, from
+``row_blocks.py``,) column tiles, K blocks (``k_blocks.py``), row tiles
+when the column tiles run first (row blocks and K blocks: BLIS's order,
+K blocks outside the column tiles), else row tiles around column tiles; the
 row tiles in peeled segments (``row_peeling.py``).  A partial last tile gets
 its own code behind a test that is the same for every lane."""
 from __future__ import annotations
@@ -131,8 +132,8 @@ def _columns_first(plan: TilePlan, body, segments, tags) -> For:
     and K blocks, BLIS's order: row blocks, K blocks, column tiles, row
     tiles, so a block of rows' slice of one K block stays in L2 while every
     column panel's slice passes once, instead of the rows' whole reduction
-    re-read per column tile (the parallel root keeps the K blocks just
-    inside the row blocks, ``parallel_root.py``)."""
+    re-read per column tile (the parallel root moves the K blocks out of
+    the untiled output loops around them too, ``parallel_root.py``)."""
     block = None if plan.row_block is None else (var(f"{plan.i.name}.b"), plan.row_block)
     kb = plan.k_blocks
     k_inside = block is None or kb is None
