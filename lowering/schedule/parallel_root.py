@@ -137,7 +137,7 @@ def build(outer: list, loops, threads: int, pinned=(), shared=()):
     chain = list(outer) + (_loop_chain(loops) if isinstance(loops, For) else [])
     body = chain[-1].body if isinstance(loops, For) else loops
     movable = {lp.var for lp in chain} - set(pinned)
-    untiled = {lp.var for lp in outer}
-    chain = _shared_first(_choose_root(chain, movable, set(shared), threads), set(shared), untiled)
+    shared, untiled = set(shared), {lp.var for lp in outer}
+    chain = _shared_first(_choose_root(chain, movable, shared, threads), shared, untiled)
     chain, body = _collapsed(chain, body, movable, threads)
     return assemble(chain, body)
