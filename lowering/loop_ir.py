@@ -219,6 +219,16 @@ class Store:
 
 
 @dataclass(frozen=True, eq=False)
+class Prefetch:
+    """A hint that ``buffer[index]`` (lane 0's element in a vector loop) will
+    be read soon: its cache line is fetched while the statements after it
+    run, and nothing waits for it (``llvm.prefetch``)."""
+
+    buffer: Buffer
+    index: Expr
+
+
+@dataclass(frozen=True, eq=False)
 class Alloc:
     """Declare ``local``, initialised to ``init`` when it is not None.  With
     ``let`` the local is a let-binding: assigned once, here, to a value the
@@ -333,6 +343,7 @@ _STMT_EXPRS = {
     Assign: lambda s: (s.value,),
     If: lambda s: (s.cond,),
     Check: lambda s: (s.index,),
+    Prefetch: lambda s: (s.index,),
     Block: lambda s: (),
 }
 
@@ -369,6 +380,9 @@ def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind, store=_sto
         return Assign(local(s.local), expr(s.value))
     if isinstance(s, Check):
         return Check(expr(s.index), s.extent, s.code, s.tensor, s.dim)
+    if isinstance(s, Prefetch):         # a load nobody waits for: moved with the loads, gone with them
+        x = expr(BufLoad(s.buffer, s.index))
+        return Prefetch(x.buffer, x.index) if isinstance(x, (BufLoad, GuardedLoad)) else Block(())
     raise TypeError(f"cannot rebuild {type(s).__name__}")
 
 
@@ -402,7 +416,7 @@ def stage_buffers(stage: Stage):
         seen[stage.step.counter] = None
         loaded.add(stage.step.counter)
     for s in walk(stage.body):
-        if isinstance(s, Store):            # a fused stage stores into several buffers
+        if isinstance(s, (Store, Prefetch)):    # stores (a fused stage has several) and hints name a buffer
             seen.setdefault(s.buffer, None)
         for use in loads_in(stmt_exprs(s), visited, (BufLoad, GuardedLoad, AlignGap)):
             seen.setdefault(use.buffer, None)
@@ -600,6 +614,7 @@ _STMT_TEXT = {
                                      [f"{pad}{p.local(s.local)}: {s.local.dtype}"
                                       + ("" if s.init is None else f" = {p.expr(s.init)}")]),
     Assign: lambda p, s, pad, depth: [f"{pad}{p.local(s.local)} = {p.expr(s.value)}"],
+    Prefetch: lambda p, s, pad, depth: [f"{pad}prefetch {p.access(s.buffer, s.index)}"],
     Check: lambda p, s, pad, depth: [f"{pad}check 0 <= {p.expr(s.index)} < {s.extent}"
                                      f"  # {s.tensor} dim {s.dim}, error {s.code}"],
 }

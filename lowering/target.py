@@ -77,6 +77,7 @@ DEFAULT_CACHES = (32 * KIB, 512 * KIB)       # a host CPU whose caches /sys does
 # x86 L1 is indexed by the address's page offset (4 KiB pages), so a way holds 4 KiB
 # (32 KiB: 8 ways, 48 KiB: 12); the ARM cores named above have 16 KiB ways (64 KiB, 4 ways)
 L1_WAY_BYTES = {"x86_64": 4 * KIB, "aarch64": 16 * KIB}
+PAGE_BYTES = 4 * KIB            # Linux's base page on x86-64 and AArch64
 # Features every CPU of an architecture has, as its Linux ABI requires (SSE2 on
 # x86-64; FP and Advanced SIMD on AArch64): the host has those LLVM's detection
 # does not mention (one it reports off stays off)

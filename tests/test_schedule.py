@@ -11,8 +11,8 @@ import te_autodiff as te
 from te_autodiff.expr import add, const, mul, var
 from lowering import runtime
 from lowering.codegen_llvm import stream_min_bytes
-from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Simd, expr_text, loads_in,
-                              stmt_exprs, stmt_text, walk)
+from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Prefetch, Simd, expr_text,
+                              linear_form, loads_in, stmt_exprs, stmt_text, walk)
 from lowering.lower import lower
 from lowering.pipeline import lower_for, schedule_program
 from lowering.schedule import TILE_VECTORS, blocking, sum_chains
@@ -446,6 +446,57 @@ def test_weight_gradient_runs_each_k_block_across_every_tap(rng, name):
             for q in range(3):
                 want[:, :, p, q] = np.einsum("boyx,biyx->oi", hs, xs[:, :, p:p + h, q:q + h], dtype=np.float64)
         np.testing.assert_allclose(kernel(xs, hs), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
+@pytest.mark.parametrize("over", [0, 1])
+def test_a_column_panel_beyond_l2_is_prefetched_a_page_ahead(rng, name, over):
+    """A GEMM whose column panel (steps x columns) is one step larger than
+    L2 asks for it ``prefetch_bytes`` ahead in the reduction loop, one hint
+    per cache line of a step; a panel of exactly L2 gets no hint.  The
+    hints of the last steps point past the panel: they fault nothing and
+    change no value."""
+    target = replace(te.target(name), threads=2)
+    bl = blocking(target)
+    width = TILE_VECTORS * target.lanes(4)
+    m = 4 * width
+    k = target.l2_bytes // (m * 4) + over
+    A, B, C = matmul(PACK_MIN_REUSE * bl.tile_rows + 3, k, m)
+    kernel = te.build([A, B], [C], target=target)
+    hints = [s for s in walk(stage(kernel, "C").body) if isinstance(s, Prefetch)]
+    if not over:
+        assert hints == []
+        return
+    lines = width * 4 // target.cache_line
+    assert {s.buffer.name for s in hints} == {"B.packed"} and len({s.index for s in hints}) % lines == 0
+    ahead = {linear_form(s.index)[1] for s in hints}
+    assert ahead == {bl.prefetch_bytes // 4 + q * target.cache_line // 4 for q in range(lines)}
+    assert "prefetcht1" in kernel.asm
+    if kernel.target.missing_on_host() is None:
+        a = rng.standard_normal(A.shape).astype(np.float32)
+        b = rng.standard_normal(B.shape).astype(np.float32)
+        np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_gemms_of_one_form_each_prefetch_their_own_panel(rng):
+    """Two products of one shape are scheduled once, as one template
+    (``share.py``); each instance's hints name its own column panel."""
+    target = replace(te.target("haswell"), threads=2)
+    n, k, m = 40, target.l2_bytes // (64 * 4) + 1, 64
+    As = [te.placeholder((n, k), "float32", f"A{q}") for q in (1, 2)]
+    Bs = [te.placeholder((k, m), "float32", f"B{q}") for q in (1, 2)]
+    rs = [te.reduce_axis(k, "r") for _ in (1, 2)]
+    Cs = [te.compute((n, m), lambda i, j, a=a, b=b, r=r: te.sum(a[i, r] * b[r, j], axis=r), name=f"C{q}")
+          for q, a, b, r in zip((1, 2), As, Bs, rs)]
+    kernel = te.build(As + Bs, Cs, target=target)
+    for q in (1, 2):
+        hinted = {s.buffer.name for s in walk(stage(kernel, f"C{q}").body) if isinstance(s, Prefetch)}
+        assert hinted == {f"B{q}.packed"}
+    if kernel.target.missing_on_host() is None:
+        a = rng.standard_normal((2, n, k)).astype(np.float32)
+        b = rng.standard_normal((2, k, m)).astype(np.float32)
+        for got, x, y in zip(kernel(*a, *b), a, b):
+            np.testing.assert_allclose(got, x.astype(np.float64) @ y, rtol=1e-4, atol=1e-3)
 
 
 def conv(n, c, h, f, k, pad):

@@ -15,7 +15,7 @@ from te_autodiff.visit import topo_order
 
 from ..fast_math import BODIES
 from ..loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
-                       Simd, Stage, Store, children, free_leaves, nodes_in, simplify_index, stage_buffers, stmt_exprs,
+                       Prefetch, Simd, Stage, Store, children, free_leaves, nodes_in, simplify_index, stage_buffers, stmt_exprs,
                        stride, substitute, walk)
 from ..target import Target
 from .llvm_types import (FAST, I1, I8, I32, I64, ITEMSIZE, MEMORY_TYPE, ORDERED, PTR, VALUE_TYPE, distinct_md,
@@ -626,6 +626,19 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
                 raise RuntimeError(f"stage stores different lanes' values to one element of '{buf.name}'")
             self._tag(self.b.store(value, self._address(buf, index), align=element_align(buf)))
 
+    def prefetch(self, s: Prefetch):
+        """``llvm.prefetch`` of lane 0's element for reading, into L2 and the
+        levels past it (locality 2: x86 ``prefetcht1``, AArch64
+        ``PLDL2KEEP``): the L1's own prefetchers bring it on from L2 without
+        the hint displacing lines the tile is using."""
+        base = self.lanes.base(s.index) if self.lanes is not None else None
+        index = self.expr(base if base is not None else s.index)
+        if isinstance(index.type, ir.VectorType):
+            index = self.b.extract_element(index, ir.Constant(I32, 0))
+        at = self.b.gep(self.ptr[s.buffer], [index], source_etype=MEMORY_TYPE[s.buffer.dtype])  # may pass the end
+        fn = self.intrinsic("llvm.prefetch.p0", ir.VoidType(), [PTR, I32, I32, I32])
+        self.b.call(fn, [at, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+
     def _fit(self, value, t):
         return self.splat(value, t.count) if isinstance(t, ir.VectorType) else value
 
@@ -702,6 +715,7 @@ _STMT = {
     Assign: FunctionEmitter.assign,
     If: FunctionEmitter.if_,
     Check: FunctionEmitter.check,
+    Prefetch: FunctionEmitter.prefetch,
 }
 
 

@@ -33,7 +33,7 @@ from dataclasses import replace
 from .. import share
 from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
-from . import (gather_blocks, interior_split, k_blocks, lane_reduction, offset_loops, packing, panels,
+from . import (gather_blocks, interior_split, k_blocks, lane_reduction, offset_loops, packing, panels, prefetch,
                parallel_root, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction, sum_chains,
                templates, tile_loops, tile_plan, vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
@@ -87,6 +87,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     plan = sum_chains.decide(plan, nest, bl, stage.buffer in compared)
     copies = []                                           # the plan built, innermost first
     body = packing.build(plan.body, plan.copies, temps, copies, bl.target.cache_line)
+    body = prefetch.build(plan, body, bl)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
     loops = tile_loops.build(plan, body) if plan.gather is None else gather_blocks.build(plan, body)
     body = parallel_root.build(plan.untiled(nest), loops, bl.target.threads, plan.pinned, plan.shared)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import isqrt
 
-from ..target import Target
+from ..target import PAGE_BYTES, Target
 
 TILE_VECTORS = 2             # NR: vectors of a register tile (one row of a tile is two vectors)
 MAX_TILE_ROWS = 8            # MR at most: more rows add remainder code more than they save loads
@@ -41,6 +41,9 @@ class Blocking:
       above it) are read from panels;
     * ``row_block_bytes``: half of L2 (a power of two), the row operand's
       share while the column panels pass;
+    * ``prefetch_bytes``: how far ahead a register tile asks for a column
+      panel streaming from beyond L2 (``prefetch.py``): one page, the
+      reach of the hardware's stream prefetchers, which stop at its end;
     * ``math_chains``: the vectors a body applying exp, tanh... runs side
       by side (:func:`~lowering.schedule.vector_width.chained_lanes`): as many
       chains as the register file holds at ``CHAIN_REGISTERS`` live vectors
@@ -54,6 +57,7 @@ class Blocking:
     k_block_panel: int
     panel_min_bytes: int
     row_block_bytes: int
+    prefetch_bytes: int
     math_chains: int
 
     @staticmethod
@@ -83,4 +87,5 @@ def blocking(target: Target) -> Blocking:
     k_block = pow2_floor(target.l1_bytes * 2 // 3 // slice_row)
     return Blocking(target, rows, k_block, pow2_floor(target.l2_bytes // 2 // slice_row),
                     1 << (target.l1_bytes - 1).bit_length(),
-                    pow2_floor(target.l2_bytes // 2), max(1, regs // CHAIN_REGISTERS))
+                    pow2_floor(target.l2_bytes // 2), PAGE_BYTES,
+                    max(1, regs // CHAIN_REGISTERS))

@@ -1,0 +1,71 @@
+"""Prefetch: a register tile's reduction that reads its column operand as one
+contiguous stream (a column panel, ``panels.py``: step ``k``'s row of the
+tile's columns right after step ``k - 1``'s) asks for that stream
+``Blocking.prefetch_bytes`` ahead, one hint per cache line of a step, when
+the panel (the reduction's steps times the output's columns) is larger than
+L2.  Such a panel comes from L3 or memory again for each block of rows, and
+the hardware's stream prefetchers stop at every page boundary: without the
+hints each page of the stream begins with misses the multiply-adds wait
+for, which costs most when other cores crowd the L3.  A panel that stays in
+L2 gets no hints (they would only take issue slots).  A hint never faults,
+past the panel's end included (``llvm.prefetch``)."""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from te_autodiff.expr import add, mul
+
+from ..loop_ir import Block, For, If, Prefetch, loads_in, stmt_exprs, stride, substitute, walk
+from .blocking import Blocking
+from .constructors import idx
+from .nest import trips
+
+
+def _streams(loop: For, plan) -> list:
+    """``(buffer, index at the tile's first column)`` of each load in ``loop``
+    (a reduction loop of the tile) that reads a column stream: one element
+    further per column, none per row, a row of the tile further per step."""
+    width = plan.nr * plan.lanes
+    out, seen = [], set()
+    for s in walk(loop.body):
+        for x in loads_in(stmt_exprs(s), set()):
+            if x.buffer not in seen and stride(x.index, plan.j) == 1 and stride(x.index, plan.i) == 0 \
+                    and stride(x.index, loop.var) == width:
+                seen.add(x.buffer)
+                out.append((x.buffer, substitute(x.index, {plan.j: mul(plan.jt, idx(width))})))
+    return out
+
+
+def _hinted(loop: For, plan, steps: int, bl: Blocking) -> For:
+    """``loop`` prefetching each column stream it reads whose panel exceeds L2."""
+    width = plan.nr * plan.lanes
+    hints = []
+    for buf, first in _streams(loop, plan):
+        itemsize = np.dtype(buf.dtype).itemsize
+        if steps * plan.j_extent * itemsize <= bl.target.l2_bytes:
+            continue
+        ahead = substitute(first, {loop.var: add(loop.var, idx(-(-bl.prefetch_bytes // (width * itemsize))))})
+        hints += [Prefetch(buf, add(ahead, idx(k))) for k in range(0, width, bl.target.cache_line // itemsize)]
+    return loop if not hints else For(loop.var, loop.lo, loop.extent, Block((*hints, loop.body)), loop.kind)
+
+
+def build(plan, body, bl: Blocking):
+    """``body`` (``plan``'s element body) with its innermost reduction loops
+    prefetching their column streams; unchanged without a register tile."""
+    if plan.i is None:
+        return body
+    steps = prod(trips(s) for s in walk(body) if isinstance(s, For))
+
+    def go(s):
+        if isinstance(s, Block):
+            return Block(tuple(go(x) for x in s.stmts))
+        if isinstance(s, If):
+            return If(s.cond, go(s.then), None if s.else_ is None else go(s.else_))
+        if not isinstance(s, For):
+            return s
+        if any(isinstance(x, For) for x in walk(s.body)):
+            return For(s.var, s.lo, s.extent, go(s.body), s.kind)
+        return _hinted(s, plan, steps, bl)
+    return go(body)
