@@ -28,9 +28,9 @@ def _streams(loop: For, plan) -> list:
     (a reduction loop of the tile) that reads a column stream: one element
     further per column, none per row, a row of the tile further per step."""
     width = plan.nr * plan.lanes
-    out, seen = [], set()
+    out, seen, visited = [], set(), set()
     for s in walk(loop.body):
-        for x in loads_in(stmt_exprs(s), set()):
+        for x in loads_in(stmt_exprs(s), visited):
             if x.buffer not in seen and stride(x.index, plan.j) == 1 and stride(x.index, plan.i) == 0 \
                     and stride(x.index, loop.var) == width:
                 seen.add(x.buffer)
