@@ -478,6 +478,30 @@ def test_a_column_panel_beyond_l2_is_prefetched_a_page_ahead(rng, name, over):
         np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+def test_two_reductions_each_size_their_own_panel(rng):
+    """An element summing two products, each over a panel of about half L2:
+    the panels are sized by their own reduction's steps (no hint), not by
+    the product of both loops' steps (far beyond L2)."""
+    target = replace(te.target("haswell"), threads=2)
+    bl = blocking(target)
+    m = 4 * TILE_VECTORS * target.lanes(4)
+    k = target.l2_bytes // (2 * m * 4)
+    A, D = (te.placeholder((PACK_MIN_REUSE * bl.tile_rows + 3, k), "float32", name) for name in "AD")
+    B, E = (te.placeholder((k, m), "float32", name) for name in "BE")
+    r, q = te.reduce_axis(k, "r"), te.reduce_axis(k, "q")
+    C = te.compute((A.shape[0], m), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r) + te.sum(D[i, q] * E[q, j], axis=q),
+                   name="C")
+    kernel = te.build([A, B, D, E], [C], target=target)
+    body = stage(kernel, "C").body
+    assert sum(isinstance(s, For) and s.var.name in ("r", "q") for s in walk(body)) >= 2
+    assert not any(isinstance(s, Prefetch) for s in walk(body))
+    if kernel.target.missing_on_host() is None:
+        a, d = (rng.standard_normal(A.shape).astype(np.float32) for _ in "ad")
+        b, e = (rng.standard_normal(B.shape).astype(np.float32) for _ in "be")
+        want = a.astype(np.float64) @ b + d.astype(np.float64) @ e
+        np.testing.assert_allclose(kernel(a, b, d, e), want, rtol=1e-4, atol=1e-3)
+
+
 def test_gemms_of_one_form_each_prefetch_their_own_panel(rng):
     """Two products of one shape are scheduled once, as one template
     (``share.py``); each instance's hints name its own column panel."""

@@ -15,8 +15,8 @@ from te_autodiff.visit import topo_order
 
 from ..fast_math import BODIES
 from ..loop_ir import (AlignGap, Alloc, Assign, Block, BufLoad, Check, For, GuardedLoad, If, LaneReduce, Local,
-                       Prefetch, Simd, Stage, Store, children, free_leaves, nodes_in, simplify_index, stage_buffers, stmt_exprs,
-                       stride, substitute, walk)
+                       Prefetch, Simd, Stage, Store, children, free_leaves, nodes_in, simplify_index, stage_buffers,
+                       stmt_exprs, stride, substitute, walk)
 from ..target import Target
 from .llvm_types import (FAST, I1, I8, I32, I64, ITEMSIZE, MEMORY_TYPE, ORDERED, PTR, VALUE_TYPE, distinct_md,
                          element_align, element_type, kind_of, mangle, shaped)

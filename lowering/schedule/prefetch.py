@@ -11,8 +11,6 @@ L2 gets no hints (they would only take issue slots).  A hint never faults,
 past the panel's end included (``llvm.prefetch``)."""
 from __future__ import annotations
 
-from math import prod
-
 import numpy as np
 
 from te_autodiff.expr import add, mul
@@ -53,19 +51,19 @@ def _hinted(loop: For, plan, steps: int, bl: Blocking) -> For:
 
 def build(plan, body, bl: Blocking):
     """``body`` (``plan``'s element body) with its innermost reduction loops
-    prefetching their column streams; unchanged without a register tile."""
+    prefetching their column streams, each panel sized by the steps of the
+    loops around it; unchanged without a register tile."""
     if plan.i is None:
         return body
-    steps = prod(trips(s) for s in walk(body) if isinstance(s, For))
 
-    def go(s):
+    def go(s, steps: int):
         if isinstance(s, Block):
-            return Block(tuple(go(x) for x in s.stmts))
+            return Block(tuple(go(x, steps) for x in s.stmts))
         if isinstance(s, If):
-            return If(s.cond, go(s.then), None if s.else_ is None else go(s.else_))
+            return If(s.cond, go(s.then, steps), None if s.else_ is None else go(s.else_, steps))
         if not isinstance(s, For):
             return s
         if any(isinstance(x, For) for x in walk(s.body)):
-            return For(s.var, s.lo, s.extent, go(s.body), s.kind)
-        return _hinted(s, plan, steps, bl)
-    return go(body)
+            return For(s.var, s.lo, s.extent, go(s.body, steps * trips(s)), s.kind)
+        return _hinted(s, plan, steps * trips(s), bl)
+    return go(body, 1)
