@@ -387,6 +387,16 @@ def map_stmt(s, expr, local=lambda x: x, kind=lambda loop: loop.kind, store=_sto
 
 
 
+def map_loops(s, fn):
+    """``s`` with each outermost loop ``lp`` in it replaced by ``fn(lp)``, the
+    blocks and tests around rebuilt (``fn`` decides what happens inside)."""
+    if isinstance(s, Block):
+        return Block(tuple(map_loops(x, fn) for x in s.stmts))
+    if isinstance(s, If):
+        return If(s.cond, map_loops(s.then, fn), None if s.else_ is None else map_loops(s.else_, fn))
+    return fn(s) if isinstance(s, For) else s
+
+
 def nodes_in(exprs, visited: set, kinds):
     """The nodes of the ``kinds`` inside ``exprs``, depth first, skipping
     nodes in ``visited`` (which it extends: pass one set to visit a shared

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from te_autodiff.expr import BinOp, Const, add, compare, sub, var
 
-from ..loop_ir import Block, For, If, linear_form, rename, simplify_index
+from ..loop_ir import Block, For, If, linear_form, map_loops, rename, simplify_index
 from .constructors import as_block, conjunction, idx
 from .nest import Nest, depends
 
@@ -74,15 +74,11 @@ def _offset_loop(loop: For, body, plan: Offsets) -> For:
 
 
 def _rewrite(s, outer: set):
-    if isinstance(s, Block):
-        return Block(tuple(_rewrite(x, outer) for x in s.stmts))
-    if isinstance(s, If):
-        return If(s.cond, _rewrite(s.then, outer), None if s.else_ is None else _rewrite(s.else_, outer))
-    if not isinstance(s, For):
-        return s
-    body = _rewrite(s.body, outer)
-    plan = decide(s, outer)
-    return For(s.var, s.lo, s.extent, body, s.kind) if plan is None else _offset_loop(s, body, plan)
+    def loop(lp: For):
+        body = map_loops(lp.body, loop)
+        plan = decide(lp, outer)
+        return For(lp.var, lp.lo, lp.extent, body, lp.kind) if plan is None else _offset_loop(lp, body, plan)
+    return map_loops(s, loop)
 
 
 def build(nest: Nest) -> Nest:

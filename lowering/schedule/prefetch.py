@@ -15,7 +15,7 @@ import numpy as np
 
 from te_autodiff.expr import add, mul
 
-from ..loop_ir import Block, For, If, Prefetch, loads_in, stmt_exprs, stride, substitute, walk
+from ..loop_ir import Block, For, Prefetch, loads_in, map_loops, stmt_exprs, stride, substitute, walk
 from .blocking import Blocking
 from .constructors import idx
 from .nest import trips
@@ -56,14 +56,9 @@ def build(plan, body, bl: Blocking):
     if plan.i is None:
         return body
 
-    def go(s, steps: int):
-        if isinstance(s, Block):
-            return Block(tuple(go(x, steps) for x in s.stmts))
-        if isinstance(s, If):
-            return If(s.cond, go(s.then, steps), None if s.else_ is None else go(s.else_, steps))
-        if not isinstance(s, For):
-            return s
-        if any(isinstance(x, For) for x in walk(s.body)):
-            return For(s.var, s.lo, s.extent, go(s.body, steps * trips(s)), s.kind)
-        return _hinted(s, plan, steps * trips(s), bl)
-    return go(body, 1)
+    def loop(lp: For, steps: int):
+        steps *= trips(lp)
+        if any(isinstance(x, For) for x in walk(lp.body)):
+            return For(lp.var, lp.lo, lp.extent, map_loops(lp.body, lambda x: loop(x, steps)), lp.kind)
+        return _hinted(lp, plan, steps, bl)
+    return map_loops(body, lambda lp: loop(lp, 1))
