@@ -989,6 +989,85 @@ def test_a_transposing_copy_reads_rows_and_transposes_them_in_registers(rng, tar
             np.testing.assert_array_equal(run(placed), a.T)
 
 
+def _output_loops(st):
+    """The names of a stage's output loops as scheduled, outermost first,
+    each split loop by its base name (``h_w.o`` -> ``h_w``)."""
+    names = []
+    for x in walk(st.body):
+        if isinstance(x, (For, Simd)):
+            base = x.var.name.rsplit(".", 1)[0] if x.var.name[-2:] in (".o", ".l", ".b", ".i") else x.var.name
+            if base not in names:
+                names.append(base)
+    return names
+
+
+def test_axes_walked_as_one_run_of_memory_become_one_loop(rng):
+    """``merged_loops.py``: neighbouring output loops inside the outermost
+    merge when every index steps ``E`` times as far with the outer as with
+    the inner (extent ``E``) and nothing else reads them.  A batch of 14x14
+    images runs full vectors over each image's channels; a per-channel
+    broadcast keeps the channel loop and merges the image; a padded row
+    (``15 i + j`` for a row of 14: one more than the merge allows) or a
+    guard keeps both loops.  A user axis already called ``h_w`` gets a
+    primed name.  Exact against numpy in each case."""
+    X = te.placeholder((8, 6, 14, 14), name="X")
+    b = te.placeholder((6,), name="b")
+    x, bv = rng.standard_normal((8, 6, 14, 14)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    whole = te.build([X], [te.compute(X.shape, lambda n, c, h, w: X[n, c, h, w] * 2.0, name="Y")])
+    assert _output_loops(whole.program.stages[0]) == ["n", "c_h_w"]
+    np.testing.assert_array_equal(whole(x), x * 2)
+    bias = te.build([X, b], [te.compute(X.shape, lambda n, c, h, w: X[n, c, h, w] + b[c], name="Y")])
+    assert _output_loops(bias.program.stages[0]) == ["n", "c", "h_w"]
+    np.testing.assert_array_equal(bias(x, bv), x + bv[:, None, None])
+    for row in (14, 15):
+        F = te.placeholder((2 * 4 * row,), name="F")
+        Y = te.compute((2, 4, 14), lambda a, i, j: F[a * 4 * row + i * row + j], name="Y")
+        kernel = te.build([F], [Y])
+        assert set(_output_loops(kernel.program.stages[0])) == ({"a", "i_j"} if row == 14 else {"a", "i", "j"}), row
+        f = rng.standard_normal(2 * 4 * row).astype(np.float32)
+        np.testing.assert_array_equal(kernel(f), f.reshape(2, 4, row)[:, :, :14])
+    guarded = te.build([X], [te.compute(X.shape, lambda n, c, h, w: te.if_then_else(
+        w > 0, X[n, c, h, w], te.const(0.0)), name="Y")])
+    assert _output_loops(guarded.program.stages[0])[-1] == "w"
+    np.testing.assert_array_equal(guarded(x), np.where(np.arange(14) > 0, x, 0))
+    Z = te.placeholder((3, 4, 5), name="Z")
+    named = te.build([Z], [te.compute(Z.shape, lambda h_w, h, w: Z[h_w, h, w] + 1.0, name="Y")])
+    assert "h_w'" in _output_loops(named.program.stages[0])
+    z = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(named(z), z + 1)
+
+
+def test_a_packed_copy_over_merged_axes_reads_rows_and_transposes_them(rng):
+    """A convolution's weights ``W[k, c, kh, kw]`` packed into blocks of
+    32 output channels: ``(c, kh, kw)`` is one contiguous run of the source
+    and of the copy, merged into one loop, which the copy reads in rows
+    transposed in registers (before the merge each element was gathered:
+    the inner loop of 3 was too short to block).  Flipped (``2 - kh``), the
+    run reads backwards: it cannot be transposed and, one block at most
+    long (9 rows), it is gathered unblocked, the column tiles inside the
+    rows (blocks only where rows are left to share a block's lines: 17)."""
+    W = te.placeholder((64, 16, 3, 3), name="W")
+    w = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
+    packed = te.build([W], [te.compute((2, 16, 3, 3, 32), lambda a, c, y, x, e: W[a * 32 + e, c, y, x], name="P")])
+    st = packed.program.stages[0]
+    assert any(isinstance(x, For) and x.kind == "transpose" for x in walk(st.body))
+    np.testing.assert_array_equal(packed(w), w.reshape(2, 32, 16, 3, 3).transpose(0, 2, 3, 4, 1))
+    flipped = te.build([W], [te.compute((2, 16, 3, 3, 32), lambda a, c, y, x, e: W[a * 32 + e, c, 2 - y, 2 - x],
+                                        name="P")])
+    st = flipped.program.stages[0]
+    loops = [x for x in walk(st.body) if isinstance(x, For)]
+    assert "y_x" in _output_loops(st) and not any(x.var.name == "y_x.b" for x in loops)
+    assert [x.var.name for x in loops].index("y_x") < [x.var.name for x in loops].index("e.o")
+    np.testing.assert_array_equal(flipped(w), w[:, :, ::-1, ::-1].reshape(2, 32, 16, 3, 3).transpose(0, 2, 3, 4, 1))
+    for n in (16, 17):
+        X = te.placeholder((64, n), name="X")
+        kernel = te.build([X], [te.compute((n, 64), lambda i, j: X[j, n - 1 - i], name="Y")])
+        blocked = any(isinstance(x, For) and x.var.name == "i.b" for x in walk(kernel.program.stages[0].body))
+        assert blocked == (n > 16), n
+        a = rng.standard_normal((64, n)).astype(np.float32)
+        np.testing.assert_array_equal(kernel(a), a[:, ::-1].T)
+
+
 def _placed(a, offset: int):
     """A copy of ``a`` starting ``offset`` bytes past a 64-byte boundary."""
     flat = runtime._aligned((a.nbytes + 64,), np.uint8, 64)[0]

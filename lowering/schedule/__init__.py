@@ -33,8 +33,8 @@ from dataclasses import replace
 from .. import share
 from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
-from . import (gather_blocks, interior_split, k_blocks, lane_reduction, offset_loops, packing, panels, parallel_root,
-               prefetch, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction,
+from . import (gather_blocks, interior_split, k_blocks, lane_reduction, merged_loops, offset_loops, packing, panels,
+               parallel_root, prefetch, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction,
                sum_chains, templates, tile_loops, tile_plan, vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
 from .constructors import Temporaries
@@ -70,6 +70,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     if split is not None:
         return split_reduction.build(nest, stage, split, temps, bl)
     nest = offset_loops.build(nest)
+    nest = merged_loops.build(nest)                       # axes walked as one run of memory
     axis = vector_axis.decide(nest, bl)                   # with the transposed copies along it
     if axis is None:
         return [stage]

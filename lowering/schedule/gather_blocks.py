@@ -70,7 +70,10 @@ def decide(plan: TilePlan, nest: Nest, bl: Blocking) -> TilePlan:
     """``plan`` with the loop to visit in blocks when its vector loop gathers
     and it has no register tile, in ``transpose`` rows when every gather
     reads contiguously along it (lanes covering a line, blocks together,
-    shifted onto the source's lines); unchanged otherwise."""
+    shifted onto the source's lines); unchanged otherwise, and when the
+    gathers cannot be transposed and the loop is one block at most (its rows
+    would share no more lines than unblocked, and the column tiles outside
+    them would make the stores jump)."""
     if plan.i is not None:
         return plan
     gather = _gather_loop(nest, plan.j, plan.accesses, copied(plan.copies))
@@ -78,8 +81,8 @@ def decide(plan: TilePlan, nest: Nest, bl: Blocking) -> TilePlan:
         return plan
     body, accesses = plan.body, plan.accesses
     wide = transposed_lanes(plan.lanes, accesses, plan.j, For(gather[0], idx(0), idx(GATHER_BLOCK), body), body, bl)
-    if wide is None:
-        return replace(plan, gather=gather)
+    if wide is None:                # gathered: blocks only where rows are left to share a block's lines
+        return plan if gather[1] <= GATHER_BLOCK else replace(plan, gather=gather)
     together = blocks_together(plan.j_extent, gather[1], bl)
     # rows evicted before the next block comes back for a shared line: start the blocks on lines
     shift = None if together == 1 or gather[1] % GATHER_BLOCK or gather[1] < ALIGN_MIN_VECTORS * GATHER_BLOCK \
