@@ -63,12 +63,13 @@ def differentiable(e) -> bool:
     return dt.is_float(e.dtype)
 
 
-def load_adjoints(root, seed, wanted) -> dict:
+def load_adjoints(root, seed, wanted, cut=frozenset()) -> dict:
     """Reverse mode on the reduction-free DAG ``root`` with adjoint ``seed``.
 
     Returns ``{load_node: adjoint}`` for every read of a tensor in ``wanted``
     that the result depends on (each distinct read once; a tensor read at two
-    different indices gives two entries).
+    different indices gives two entries).  Nothing flows along the edges in
+    ``cut`` (``(node, k)``: ``node``'s child ``k``; see ``shift_invariance.py``).
     """
     order = topo_order([root])
     # active: the nodes through which a wanted float tensor influences root
@@ -96,8 +97,8 @@ def load_adjoints(root, seed, wanted) -> dict:
         # a guarded adjoint select(c, g', 0) keeps its guard around whatever the
         # rule multiplies it with: the factors may read out of range where c fails
         guard, g = peel_guards(g)
-        for child, contrib in zip(children(node), rule(node, g)):
-            if contrib is None or child not in active:
+        for k, (child, contrib) in enumerate(zip(children(node), rule(node, g))):
+            if contrib is None or child not in active or (node, k) in cut:
                 continue
             if guard is not None:
                 contrib = select(guard, contrib, _zero(contrib))

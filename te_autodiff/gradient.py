@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from . import dtype as dt
 from .derivative import differentiable, load_adjoints, peel_guards, reduction_seed
-from .expr import (Cmp, Const, Load, MatchSum, Reduce, ScanState, Select, Var, add, all_, cast, const,
+from .expr import (Cmp, Const, Load, MatchSum, Reduce, ScanState, Select, Var, add, all_, cast, const, is_const,
                    logic_not, select)
 from .graph import tensors_in_order
 from .lift import lifted
+from .shift_invariance import cut_edges
 from .tensor import Tensor, compute
 from .term import Term, fresh_copy, naive, read_guards
 from .visit import conjuncts, substitute
@@ -75,11 +76,12 @@ def check_optimize(optimize, who: str):
         raise TypeError(f"{who}: optimize must be True or False, got {optimize!r}")
 
 
-def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
+def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None, cut=frozenset()) -> list:
     """The terms of ``∂t/∂x`` weighted by ``head_at(i)``, for result variables ``outer``.
 
     With ``at=None`` the terms sum over ``t``'s axes (a gradient); otherwise
-    ``t``'s axes are bound to the variables ``at`` (a Jacobian row).
+    ``t``'s axes are bound to the variables ``at`` (a Jacobian row).  Reverse
+    mode sends nothing along the edges of ``t``'s element body in ``cut``.
     """
     lt = lifted(t)
     if isinstance(lt.body, MatchSum):       # a sum over matches: a reduction with a condition
@@ -95,7 +97,7 @@ def tensor_terms(t: Tensor, x: Tensor, outer: tuple, head_at, at=None) -> list:
     # read it from t instead of recomputing it
     stored = {body: t[lt.axes]} if body is lt.body and not isinstance(body, (Load, Const, Var)) else {}
     terms = []
-    for load, coef in load_adjoints(body, seed, {x}).items():
+    for load, coef in load_adjoints(body, seed, {x}, cut).items():
         # the read's guard outermost, kept also where the stored value stands for
         # the whole guarded expression, after the conditions that keep the
         # data reads in its indices in range: the indices may be defined only
@@ -147,6 +149,8 @@ class _Adjoints:
                 self.users.setdefault(p, []).append(t)
             if t in wanted or (differentiable(t) and any(p in self.live for p in lifted(t).inputs)):
                 self.live.add(t)
+        # edges whose contributions cancel exactly (a + log(sum exp(b - a)) does not depend on a)
+        self.cuts = cut_edges(order, self.users)
         # consumers before producers: each adjoint finds its consumers' ready,
         # so a long pipeline needs no deep recursion
         for t in reversed(order):
@@ -176,8 +180,8 @@ class _Adjoints:
                     continue
                 if isinstance(t.body, ScanState):
                     scans.append(t.body.scan)
-                else:
-                    terms += tensor_terms(t, x, tuple(j), self._head_of(t))
+                elif t is self.output or not is_const(self.of(t).body, 0):
+                    terms += tensor_terms(t, x, tuple(j), self._head_of(t), cut=self.cuts.get(t, frozenset()))
             total = combine(terms, x.dtype, self.optimize)
             for op in dict.fromkeys(scans):         # a scan's states share one adjoint
                 adj = self._scan(op).of(x)

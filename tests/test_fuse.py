@@ -283,13 +283,21 @@ def test_row_reductions_reading_one_row_share_its_loop(rng):
     np.testing.assert_array_equal(got[1], (xs * 2).max(1))
 
 
-def test_cross_entropy_gradient_reads_each_row_once_for_its_normaliser_and_argmax(rng):
-    """The derivative of a max-shifted logsumexp follows the row's maximum
-    (its first index, ``m.argmax``), and its normaliser ``Σ exp(z - m)``
-    reads the same row: the two run in one pass.  The gradient is softmax
-    minus the one-hot label, over the rows, as numpy computes it."""
+def test_a_max_derivative_and_the_normaliser_of_its_row_run_in_one_pass(rng):
+    """A loss reading each row's maximum besides its logsumexp (``lse +
+    m / 2 - z[i, L[i]]``): the max's derivative follows the row's maximum
+    (its first index, ``m.argmax``), and the normaliser ``Σ exp(z - m)``
+    reads the same row: the two run in one pass.  (Inside the logsumexp the
+    shift has no derivative: ``shift_invariance.py``.)  The gradient is
+    softmax plus half the one-hot of the maximum minus the one-hot label,
+    over the rows, as numpy computes it."""
     n, c = 48, 257
-    (z, labels), loss = cross_entropy(n, c)
+    z, labels = te.placeholder((n, c), "float32", "Z"), te.placeholder((n,), "int32", "L")
+    c1, c2, r = te.reduce_axis(c, "c"), te.reduce_axis(c, "c"), te.reduce_axis(n, "r")
+    m = te.compute((n,), lambda i: te.max(z[i, c1], axis=c1), name="m")
+    lse = te.compute((n,), lambda i: m[i] + te.log(te.sum(te.exp(z[i, c2] - m[i]), axis=c2)), name="lse")
+    loss = te.compute((1,), lambda _: te.sum(lse[r] + 0.5 * m[r] - z[r, labels[r]], axis=r) / float(n),
+                      name="loss")
     (dz,) = te.gradient(loss, [z])
     zs = rng.standard_normal((n, c)).astype(np.float32) * 2
     ls = rng.integers(0, c, n).astype(np.int32)
@@ -299,6 +307,7 @@ def test_cross_entropy_gradient_reads_each_row_once_for_its_normaliser_and_argma
     assert_same(got, want)
     p = np.exp(zs - zs.max(1, keepdims=True).astype(np.float64))
     p /= p.sum(1, keepdims=True)
+    p[np.arange(n), zs.argmax(1)] += 0.5
     p[np.arange(n), ls] -= 1
     np.testing.assert_allclose(got[1], p / n, rtol=1e-5, atol=1e-7)
 

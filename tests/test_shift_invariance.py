@@ -1,0 +1,132 @@
+"""The derivative of ``a + log(sum_c exp(b_c - a))`` does not reach the shift
+``a`` (``te_autodiff/shift_invariance.py``): a log-sum-exp written with the
+max trick differentiates into the softmax alone, without the argmax pass
+the max's derivative would need; where the formula does not have that shape
+exactly, every route is differentiated as written.  Oracles: numpy's
+softmax by hand and central finite differences (``te.check_gradient``)."""
+import numpy as np
+import pytest
+
+import te_autodiff as te
+
+F64 = "float64"
+
+
+def _softmax(x):
+    p = np.exp(x - x.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def _lse_rows(X, commuted=False, separate=False):
+    """``m + log(sum_c exp(X[i, c] - m))`` per row, ``m`` the row's max."""
+    N, C = X.shape
+    c1, c2 = te.reduce_axis(C, "c"), te.reduce_axis(C, "c")
+    m = te.compute((N,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    if separate:
+        s = te.compute((N,), lambda i: te.sum(te.exp(X[i, c2] - m[i]), axis=c2), name="s")
+        total = lambda i: s[i]                                              # noqa: E731
+    else:
+        total = lambda i: te.sum(te.exp(X[i, c2] - m[i]), axis=c2)         # noqa: E731
+    if commuted:
+        return te.compute((N,), lambda i: te.log(total(i)) + m[i], name="lse")
+    return te.compute((N,), lambda i: m[i] + te.log(total(i)), name="lse")
+
+
+def _data(rng, shape, tie=True):
+    x = rng.standard_normal(shape) * 3
+    if tie:                                           # where a max has no derivative: the sum does
+        x[..., 1] = x[..., 3] = x.max(-1) + 1.0
+    return x
+
+
+@pytest.mark.parametrize("commuted", [False, True])
+@pytest.mark.parametrize("separate", [False, True])
+def test_a_max_shifted_logsumexp_differentiates_into_the_softmax(rng, commuted, separate):
+    """Inline or a tensor of its own, ``m + log(S)`` or ``log(S) + m``: the
+    gradient has no argmax, equals the softmax times the head and passes
+    finite differences."""
+    X = te.placeholder((4, 7), F64, "X")
+    lse = _lse_rows(X, commuted, separate)
+    H = te.placeholder((4,), F64, "H")
+    dX, = te.gradient(lse, [X], head=H)
+    assert "argmax" not in te.pretty(dX)
+    x, h = _data(rng, (4, 7)), rng.standard_normal(4)
+    f = te.build([X, H], [lse, dX])
+    value, grad = f(x, h)
+    np.testing.assert_allclose(value, np.log(np.exp(x).sum(1)), rtol=1e-14)
+    np.testing.assert_allclose(grad, _softmax(x) * h[:, None], rtol=1e-13, atol=1e-16)
+    te.check_gradient(lse, [X], [x], head=h)
+
+
+def test_the_cross_entropy_of_a_batch_needs_no_argmax(rng):
+    """Mean over rows of ``lse - X[i, L[i]]`` (the loss the benchmarks and
+    GradBench write): the gradient program runs no argmax stage; values as
+    numpy's ``(softmax - onehot) / N``, in float32 too."""
+    for dtype, rtol in ((F64, 1e-13), ("float32", 2e-6)):
+        N, C = 6, 11
+        X = te.placeholder((N, C), dtype, "X")
+        L = te.placeholder((N,), "int32", "L")
+        lse = _lse_rows(X)
+        r = te.reduce_axis(N, "r")
+        loss = te.compute((1,), lambda _: te.sum(lse[r] - X[r, L[r]], axis=r) / float(N), name="loss")
+        dX, = te.gradient(loss, [X])
+        f = te.build([X, L], [loss, dX])
+        assert not [st.name for st in f.program.stages if "argmax" in st.name]
+        x, labels = _data(rng, (N, C)).astype(dtype), rng.integers(0, C, N).astype(np.int32)
+        _, grad = f(x, labels)
+        want = _softmax(x.astype(np.float64))
+        want[np.arange(N), labels] -= 1
+        np.testing.assert_allclose(grad, want / N, rtol=rtol, atol=rtol / N)
+
+
+def test_a_scalar_logsumexp_and_a_shift_given_as_input(rng):
+    """``a + log(sum_j exp(x[j] - a))`` of a vector (GradBench's lse), and a
+    shift ``a`` passed in: the result does not depend on ``a``, so its
+    gradient there is exactly 0, and finite differences agree."""
+    n = 9
+    x_ = te.placeholder((n,), F64, "x")
+    a_ = te.placeholder((1,), F64, "a")
+    j = te.reduce_axis(n, "j")
+    lse = te.compute((1,), lambda _: a_[0] + te.log(te.sum(te.exp(x_[j] - a_[0]), axis=j)), name="lse")
+    dx, da = te.gradient(lse, [x_, a_])
+    x = rng.standard_normal(n)
+    gx, ga = te.build([x_, a_], [dx, da])(x, np.array([0.7]))
+    np.testing.assert_allclose(gx, _softmax(x), rtol=1e-13)
+    assert ga[0] == 0.0
+    te.check_gradient(lse, [x_, a_], [x, np.array([0.7])])
+
+
+def _shapes_that_keep_the_shift():
+    """Formulas one step away from the shape: the argmax stays and every
+    route is differentiated."""
+    def shared_sum(X, m, c):                        # the sum read by a second tensor too
+        N = X.shape[0]
+        s = te.compute((N,), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="s")
+        lse = te.compute((N,), lambda i: m[i] + te.log(s[i]), name="lse")
+        return te.compute((N,), lambda i: lse[i] + 0.25 * s[i], name="out")
+
+    def other_shift(X, m, c):                       # a shifted by 2a inside the exponentials
+        return te.compute((X.shape[0],), lambda i: m[i] + te.log(te.sum(te.exp(X[i, c] - 2.0 * m[i]), axis=c)),
+                          name="out")
+
+    def log_twice(X, m, c):                         # the log used outside the sum as well
+        N = X.shape[0]
+        s = te.compute((N,), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="s")
+        return te.compute((N,), lambda i: (m[i] + te.log(s[i])) * te.log(s[i]), name="out")
+
+    def first_row_shift(X, m, c):                   # the exponentials shifted by another row's max
+        return te.compute((X.shape[0],), lambda i: m[i] + te.log(te.sum(te.exp(X[i, c] - m[0]), axis=c)),
+                          name="out")
+    return [shared_sum, other_shift, log_twice, first_row_shift]
+
+
+@pytest.mark.parametrize("make", _shapes_that_keep_the_shift(), ids=lambda f: f.__name__)
+def test_formulas_of_another_shape_keep_every_route(rng, make):
+    """No tie for a maximum here: these formulas depend on the max itself."""
+    X = te.placeholder((3, 5), F64, "X")
+    c1, c2 = te.reduce_axis(5, "c"), te.reduce_axis(5, "c")
+    m = te.compute((3,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    out = make(X, m, c2)
+    dX, = te.gradient(out, [X])
+    assert "argmax" in te.pretty(dX)
+    te.check_gradient(out, [X], [_data(rng, (3, 5), tie=False)], head=rng.standard_normal(3))
