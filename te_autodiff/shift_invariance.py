@@ -26,14 +26,18 @@ written.
 """
 from __future__ import annotations
 
-from .expr import BinOp, Load, Reduce, Unary
+from .expr import BinOp, Load, MatchSum, Reduce, ScanState, Unary
 from .lift import lifted
 from .visit import children, substitute, topo_order
 
 
 def _element(t):
-    """The reduction-free body of ``t``'s normal form (a top-level reduction's body)."""
+    """The reduction-free body of ``t``'s normal form (a top-level reduction's
+    body), the nodes reverse mode visits (``gradient.tensor_terms``); None for
+    a sum over matches or a scan's state, differentiated from other nodes."""
     body = lifted(t).body
+    if isinstance(body, (MatchSum, ScanState)):
+        return None
     return body.body if isinstance(body, Reduce) else body
 
 
@@ -62,9 +66,9 @@ def cut_edges(tensors, users) -> dict:
     the tensors reading it."""
     cuts = {}
     for t in tensors:
-        if t.is_placeholder:
+        body = None if t.is_placeholder else _element(t)
+        if body is None:
             continue
-        body = _element(t)
         parents = None
         for node in topo_order([body]):
             if not (isinstance(node, BinOp) and node.op == "add"):
