@@ -283,7 +283,9 @@ class Stage:
     A ``fixed`` stage is written by hand (``key_stages.py``): fusion and the
     schedule leave it as it is.  ``sort`` is ``(values, positions)`` for the
     counting sort of an inverse index (``te.cost`` reads it).  A stage with
-    a ``step`` computes one time step of a scan, inside its time loop."""
+    a ``step`` computes one time step of a scan, inside its time loop.  An
+    ``apart`` stage was split from its neighbours to run on its own (a
+    column group, ``schedule/column_groups.py``): no pass joins it to them."""
 
     name: str
     buffer: Buffer
@@ -291,6 +293,7 @@ class Stage:
     fixed: bool = False
     sort: tuple | None = None
     step: TimeLoop | None = None
+    apart: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -34,7 +34,9 @@ may still round a last bit differently in the new surroundings: a
 reciprocal one body computes can stand for another's division).  Stages
 with index checks, a scan's step, a counting sort or a hand-written body
 keep to themselves (a failed check is reported by the stage that ran it
-first)."""
+first), as do stages the schedule split to run ``apart`` (column groups,
+``schedule/column_groups.py``: joined, each block of rows would read every
+group's slice of the column operand again)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -238,7 +240,7 @@ def _buffers(stage: Stage, seen: dict) -> tuple:
 
 def _alone(stage: Stage) -> bool:
     """A stage that keeps to itself (see the module doc)."""
-    return stage.fixed or stage.sort is not None or stage.step is not None or \
+    return stage.fixed or stage.apart or stage.sort is not None or stage.step is not None or \
         any(isinstance(s, Check) for s in walk(stage.body))
 
 

@@ -175,5 +175,4 @@ def instance(derived: Stage, member: Form, slots: list, temps: dict) -> Stage:
     step = derived.step
     if step is not None:
         step = replace(step, counter=buffer_map.get(step.counter, step.counter))
-    return Stage(derived.name, buffer_map.get(derived.buffer, derived.buffer), body, derived.fixed,
-                 derived.sort, step)
+    return replace(derived, buffer=buffer_map.get(derived.buffer, derived.buffer), body=body, step=step)

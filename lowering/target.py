@@ -35,44 +35,47 @@ _X86_V3 = _X86_AVX + ("avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe")
 _X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
 _ARM_V8 = ("fp-armv8", "neon")
 
-# name -> (triple, features, L1 data bytes, L2 bytes per core): the CPUs te-autodiff knows by name
+# name -> (triple, features, L1 data bytes, L2 bytes per core, last-level cache bytes per core):
+# the CPUs te-autodiff knows by name.  The last figure is a core's share of the cache beyond
+# L2 (the chip's L3 over the cores that share it, 0 without one): Haswell 8 MiB over 4 cores,
+# Skylake-SP 1.375 MiB a core, Zen 2-5 16-32 MiB over the 4-8 cores of a CCX
 X86, ARM = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
 CPUS = {
-    "x86-64": (X86, _X86_V1, 32 * KIB, 256 * KIB),
-    "x86-64-v2": (X86, _X86_V2, 32 * KIB, 256 * KIB),
-    "x86-64-v3": (X86, _X86_V3, 32 * KIB, 512 * KIB),
-    "x86-64-v4": (X86, _X86_V4, 32 * KIB, 1 * MIB),
-    "nehalem": (X86, _X86_V2, 32 * KIB, 256 * KIB),
-    "westmere": (X86, _X86_V2, 32 * KIB, 256 * KIB),
-    "sandybridge": (X86, _X86_AVX, 32 * KIB, 256 * KIB),
-    "ivybridge": (X86, _X86_AVX + ("f16c",), 32 * KIB, 256 * KIB),
-    "haswell": (X86, _X86_V3, 32 * KIB, 256 * KIB),
-    "broadwell": (X86, _X86_V3, 32 * KIB, 256 * KIB),
-    "skylake": (X86, _X86_V3, 32 * KIB, 256 * KIB),
-    "alderlake": (X86, _X86_V3, 48 * KIB, 1280 * KIB),
-    "znver1": (X86, _X86_V3, 32 * KIB, 512 * KIB),
-    "znver2": (X86, _X86_V3, 32 * KIB, 512 * KIB),
-    "znver3": (X86, _X86_V3, 32 * KIB, 512 * KIB),
-    "skylake-avx512": (X86, _X86_V4, 32 * KIB, 1 * MIB),
-    "cascadelake": (X86, _X86_V4, 32 * KIB, 1 * MIB),
-    "cooperlake": (X86, _X86_V4, 32 * KIB, 1 * MIB),
-    "icelake-client": (X86, _X86_V4, 48 * KIB, 512 * KIB),
-    "icelake-server": (X86, _X86_V4, 48 * KIB, 1280 * KIB),
-    "tigerlake": (X86, _X86_V4, 48 * KIB, 1280 * KIB),
-    "sapphirerapids": (X86, _X86_V4, 48 * KIB, 2 * MIB),
-    "znver4": (X86, _X86_V4, 32 * KIB, 1 * MIB),
-    "znver5": (X86, _X86_V4, 48 * KIB, 1 * MIB),
-    "generic": (ARM, _ARM_V8, 32 * KIB, 512 * KIB),
-    "cortex-a72": (ARM, _ARM_V8, 32 * KIB, 512 * KIB),
-    "cortex-a76": (ARM, _ARM_V8, 64 * KIB, 512 * KIB),
-    "neoverse-n1": (ARM, _ARM_V8, 64 * KIB, 1 * MIB),
-    "neoverse-n2": (ARM, _ARM_V8, 64 * KIB, 1 * MIB),
-    "neoverse-v1": (ARM, _ARM_V8, 64 * KIB, 1 * MIB),
-    "neoverse-v2": (ARM, _ARM_V8, 64 * KIB, 2 * MIB),
-    "apple-m1": (ARM, _ARM_V8, 128 * KIB, 4 * MIB),
-    "apple-m2": (ARM, _ARM_V8, 128 * KIB, 4 * MIB),
+    "x86-64": (X86, _X86_V1, 32 * KIB, 256 * KIB, 2 * MIB),
+    "x86-64-v2": (X86, _X86_V2, 32 * KIB, 256 * KIB, 2 * MIB),
+    "x86-64-v3": (X86, _X86_V3, 32 * KIB, 512 * KIB, 2 * MIB),
+    "x86-64-v4": (X86, _X86_V4, 32 * KIB, 1 * MIB, 1408 * KIB),
+    "nehalem": (X86, _X86_V2, 32 * KIB, 256 * KIB, 2 * MIB),
+    "westmere": (X86, _X86_V2, 32 * KIB, 256 * KIB, 2 * MIB),
+    "sandybridge": (X86, _X86_AVX, 32 * KIB, 256 * KIB, 2 * MIB),
+    "ivybridge": (X86, _X86_AVX + ("f16c",), 32 * KIB, 256 * KIB, 2 * MIB),
+    "haswell": (X86, _X86_V3, 32 * KIB, 256 * KIB, 2 * MIB),
+    "broadwell": (X86, _X86_V3, 32 * KIB, 256 * KIB, 2 * MIB),
+    "skylake": (X86, _X86_V3, 32 * KIB, 256 * KIB, 2 * MIB),
+    "alderlake": (X86, _X86_V3, 48 * KIB, 1280 * KIB, 3 * MIB),
+    "znver1": (X86, _X86_V3, 32 * KIB, 512 * KIB, 2 * MIB),
+    "znver2": (X86, _X86_V3, 32 * KIB, 512 * KIB, 4 * MIB),
+    "znver3": (X86, _X86_V3, 32 * KIB, 512 * KIB, 4 * MIB),
+    "skylake-avx512": (X86, _X86_V4, 32 * KIB, 1 * MIB, 1408 * KIB),
+    "cascadelake": (X86, _X86_V4, 32 * KIB, 1 * MIB, 1408 * KIB),
+    "cooperlake": (X86, _X86_V4, 32 * KIB, 1 * MIB, 1408 * KIB),
+    "icelake-client": (X86, _X86_V4, 48 * KIB, 512 * KIB, 2 * MIB),
+    "icelake-server": (X86, _X86_V4, 48 * KIB, 1280 * KIB, 1536 * KIB),
+    "tigerlake": (X86, _X86_V4, 48 * KIB, 1280 * KIB, 3 * MIB),
+    "sapphirerapids": (X86, _X86_V4, 48 * KIB, 2 * MIB, 1920 * KIB),
+    "znver4": (X86, _X86_V4, 32 * KIB, 1 * MIB, 4 * MIB),
+    "znver5": (X86, _X86_V4, 48 * KIB, 1 * MIB, 4 * MIB),
+    "generic": (ARM, _ARM_V8, 32 * KIB, 512 * KIB, 1 * MIB),
+    "cortex-a72": (ARM, _ARM_V8, 32 * KIB, 512 * KIB, 0),
+    "cortex-a76": (ARM, _ARM_V8, 64 * KIB, 512 * KIB, 512 * KIB),
+    "neoverse-n1": (ARM, _ARM_V8, 64 * KIB, 1 * MIB, 1 * MIB),
+    "neoverse-n2": (ARM, _ARM_V8, 64 * KIB, 1 * MIB, 1 * MIB),
+    "neoverse-v1": (ARM, _ARM_V8, 64 * KIB, 1 * MIB, 512 * KIB),
+    "neoverse-v2": (ARM, _ARM_V8, 64 * KIB, 2 * MIB, 1 * MIB),
+    "apple-m1": (ARM, _ARM_V8, 128 * KIB, 4 * MIB, 1 * MIB),
+    "apple-m2": (ARM, _ARM_V8, 128 * KIB, 4 * MIB, 1 * MIB),
 }
-DEFAULT_CACHES = (32 * KIB, 512 * KIB)       # a host CPU whose caches /sys does not report
+DEFAULT_CACHES = (32 * KIB, 512 * KIB, 0)    # a host CPU whose caches /sys does not report
 # Bytes one way of the L1 data cache holds, where the table gives no associativity: an
 # x86 L1 is indexed by the address's page offset (4 KiB pages), so a way holds 4 KiB
 # (32 KiB: 8 ways, 48 KiB: 12); the ARM cores named above have 16 KiB ways (64 KiB, 4 ways)
@@ -95,6 +98,8 @@ class Target:
     ``sfence`` (x86); ``l1_ways``: the L1 data cache's associativity (lines
     a stride of ``l1_bytes / l1_ways`` puts in one set before they evict
     each other);
+    ``l3_bytes``: a core's share of the cache beyond L2 (0: none, or not
+    known);
     ``threads``: :func:`default_threads` when the target was described;
     ``work_per_ns`` and ``l2_bytes_per_ns``: what one core of this machine
     does per nanosecond running the target's code, in ``runtime._work``'s
@@ -112,6 +117,7 @@ class Target:
     cache_line: int
     l1_bytes: int
     l2_bytes: int
+    l3_bytes: int
     l1_ways: int
     threads: int
     llvm_features: str = field(default="", compare=False, repr=False)   # as handed to LLVM
@@ -205,10 +211,11 @@ class Target:
                else "AVX" if "avx" in self.features else "SSE" if self.x86 else "NEON")
         return (f"{self.name}: {self.triple} cpu={self.cpu} {isa}, {self.vector_bytes}-byte vectors, "
                 f"{self.vector_registers} vector registers{', FMA' if self.fma else ''}, "
-                f"L1 {self.l1_bytes // KIB} KiB {self.l1_ways}-way, L2 {self.l2_bytes // KIB} KiB, {self.threads} threads")
+                f"L1 {self.l1_bytes // KIB} KiB {self.l1_ways}-way, L2 {self.l2_bytes // KIB} KiB, "
+                f"L3 {self.l3_bytes // KIB} KiB a core, {self.threads} threads")
 
 
-def _describe(name, triple, cpu, features, l1, l2, ways=None, llvm_features=None, host=False) -> Target:
+def _describe(name, triple, cpu, features, l1, l2, l3, ways=None, llvm_features=None, host=False) -> Target:
     """A :class:`Target` from LLVM feature names: every other figure follows
     from them (the L1 ways from its size, unless ``ways`` says)."""
     features = frozenset(features)
@@ -225,7 +232,7 @@ def _describe(name, triple, cpu, features, l1, l2, ways=None, llvm_features=None
         vector_bytes=vector_bytes, vector_registers=registers,
         fma="fma" in features or not x86,
         streaming_stores=x86,
-        cache_line=64, l1_bytes=l1, l2_bytes=l2,
+        cache_line=64, l1_bytes=l1, l2_bytes=l2, l3_bytes=l3,
         l1_ways=ways or max(1, l1 // L1_WAY_BYTES.get(triple.split("-", 1)[0], 4 * KIB)),
         threads=default_threads(), llvm_features=llvm_features, host=host)
 
@@ -259,8 +266,9 @@ def default_threads() -> int:
 
 
 def _sys_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple:
-    """(L1 data bytes, L2 bytes, L1 data ways) of CPU 0 as Linux reports them;
-    the default sizes and None (ways derived from the size) elsewhere.
+    """(L1 data bytes, L2 bytes, L3 bytes a core, L1 data ways) of CPU 0 as
+    Linux reports them (the L3 over the CPUs its ``shared_cpu_list`` names);
+    the defaults and None (ways derived from the size) elsewhere.
 
     Each cache is a directory ``index<N>``; the same directory holds other
     entries (``uevent``), listed in no set order, which are not caches."""
@@ -268,11 +276,11 @@ def _sys_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple:
         with open(os.path.join(root, entry, name)) as f:
             return f.read().strip()
 
-    (l1, l2), ways = DEFAULT_CACHES, None
+    (l1, l2, l3), ways = DEFAULT_CACHES, None
     try:
         entries = [e for e in os.listdir(root) if e.startswith("index")]
     except OSError:
-        return l1, l2, ways
+        return l1, l2, l3, ways
     for entry in entries:
         try:
             level, kind, size = int(read(entry, "level")), read(entry, "type"), read(entry, "size")
@@ -287,7 +295,18 @@ def _sys_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple:
                 ways = None
         elif level == 2:
             l2 = n
-    return l1, l2, ways
+        elif level == 3:
+            try:
+                l3 = n // _cpu_count(read(entry, "shared_cpu_list"))
+            except (OSError, ValueError):
+                l3 = n
+    return l1, l2, l3, ways
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """The CPUs a Linux CPU list (``0-3,8-11``) names, at least 1."""
+    ranges = [part.split("-") for part in cpu_list.split(",") if part.strip()]
+    return max(1, sum(int(r[-1]) - int(r[0]) + 1 for r in ranges))
 
 
 _init_lock = threading.Lock()
@@ -313,13 +332,19 @@ def host_target() -> Target:
     ``/proc/cpuinfo``, which can say nothing of them: QEMU's user-mode
     emulation passes the x86 host's file through, a chroot may lack ``/proc``.
     Without the baseline such a host would refuse every kernel built for a
-    named AArch64 CPU (``Target.missing_on_host``)."""
+    named AArch64 CPU (``Target.missing_on_host``).  A core's L3 share is at
+    most its CPU's in :data:`CPUS`: a VM's ``/sys`` lists only the VM's CPUs
+    among those sharing the L3, which other tenants use too."""
     initialise_llvm()
     triple = llvm.get_process_triple()
     detected = llvm.get_host_cpu_features()       # "-avx512f" too: a VM may hide what the CPU name implies
     baseline = {f for f in ARCH_BASELINE.get(triple.split("-", 1)[0], ()) if f not in detected}
     features = {k for k, on in detected.items() if on} | baseline
-    return _describe("host", triple, llvm.get_host_cpu_name(), features, *_sys_caches(),
+    cpu = llvm.get_host_cpu_name()
+    l1, l2, l3, ways = _sys_caches()
+    if cpu in CPUS:                               # a VM lists only its own CPUs as sharing the L3
+        l3 = min(l3, CPUS[cpu][4])
+    return _describe("host", triple, cpu, features, l1, l2, l3, ways,
                      llvm_features=detected.flatten(), host=True)
 
 
@@ -330,11 +355,11 @@ def _named(name: str) -> Target:
     if known is None:
         raise ValueError(f"unknown target {name!r}: te-autodiff knows 'host' and the CPUs "
                          f"{', '.join(sorted(CPUS))} (optionally 'triple:cpu')")
-    default_triple, features, l1, l2 = known
+    default_triple, features, l1, l2, l3 = known
     triple = triple or default_triple
     if triple.split("-", 1)[0] != default_triple.split("-", 1)[0]:
         raise ValueError(f"target {name!r}: CPU '{cpu}' is not a {triple.split('-', 1)[0]} CPU")
-    return _describe(name, triple, cpu, features, l1, l2)
+    return _describe(name, triple, cpu, features, l1, l2, l3)
 
 
 def target(name=None) -> Target:

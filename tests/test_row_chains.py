@@ -2,6 +2,7 @@
 rows run as one stage, row by row, only where every buffer they share is
 touched at one row; the results are those of the stages run apart."""
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,6 +28,25 @@ def _rows_beyond_l2(row_bytes: int) -> int:
     """Rows of ``row_bytes`` whose whole, a thread's share of it, leaves L2."""
     t = te.target()
     return t.l2_bytes * t.threads // row_bytes + 37
+
+
+def test_stages_split_to_run_apart_stay_apart(monkeypatch):
+    """The softmax of the test below, whose row stages join once its rows
+    leave L2, with every stage marked ``apart`` before the join (as the
+    schedule marks column groups): none joins."""
+    h, m = 3, 100
+    n = _rows_beyond_l2(h * m * 4)
+    X = te.placeholder((h, n, m), "float32", "X")
+    j1, j2 = te.reduce_axis(m, "j"), te.reduce_axis(m, "j")
+    M = te.compute((h, n), lambda a, i: te.max(X[a, i, j1], axis=j1), name="row_max")
+    E = te.compute((h, n, m), lambda a, i, j: te.exp(X[a, i, j] - M[a, i]), name="exp")
+    Z = te.compute((h, n), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
+    P = te.compute((h, n, m), lambda a, i, j: E[a, i, j] / Z[a, i], name="softmax")
+    assert any("+" in name for name in _stage_names(te.build([X], [P])))
+    join = pipeline.join_rows
+    monkeypatch.setattr(pipeline, "join_rows", lambda program, target: join(
+        replace(program, stages=tuple(replace(s, apart=True) for s in program.stages)), target))
+    assert not any("+" in name for name in _stage_names(te.build([X], [P])))
 
 
 @pytest.mark.parametrize("large", [False, True])

@@ -112,12 +112,38 @@ def test_host_caches_come_from_the_index_directories(tmp_path, monkeypatch):
                                                    (2, "Unified", "2048K", 16), (3, "Unified", "32M", 16)]):
         d = tmp_path / f"index{n}"
         d.mkdir()
-        for name, text in (("level", level), ("type", kind), ("size", size), ("ways_of_associativity", ways)):
+        for name, text in (("level", level), ("type", kind), ("size", size), ("ways_of_associativity", ways),
+                           ("shared_cpu_list", "0-5,12-13")):
             (d / name).write_text(f"{text}\n")
     monkeypatch.setattr(os, "listdir", lambda root: ["uevent", "index2", "index0", "index3", "index1"])
-    assert target_module._sys_caches(str(tmp_path)) == (48 * 1024, 2048 * 1024, 12)
+    assert target_module._sys_caches(str(tmp_path)) == (48 * 1024, 2048 * 1024, 4 * 1024 * 1024, 12)
     monkeypatch.undo()
     assert target_module._sys_caches(str(tmp_path / "absent")) == (*target_module.DEFAULT_CACHES, None)
+
+
+@pytest.mark.parametrize("cpu_list, count", [("0", 1), ("0-1", 2), ("0-3,8-11", 8), ("2,4,6", 3), ("", 1)])
+def test_a_cpu_list_counts_its_cpus(cpu_list, count):
+    from lowering import target as target_module
+    assert target_module._cpu_count(cpu_list) == count
+
+
+@pytest.mark.parametrize("cpu, per_core_sys, want", [
+    ("znver4", 16 << 20, 4 << 20),        # a VM of 2 CPUs on a 32 MiB L3: the table's 4 MiB a core
+    ("znver4", 2 << 20, 2 << 20),         # /sys below the table: /sys
+    ("not-a-known-cpu", 16 << 20, 16 << 20)])
+def test_the_hosts_l3_share_is_at_most_its_cpus(monkeypatch, cpu, per_core_sys, want):
+    """``/sys`` in a VM lists only the VM's CPUs as sharing the L3, so the
+    host's share of it is capped by its CPU's figure in the table."""
+    from lowering import target as target_module
+    monkeypatch.setattr(target_module, "_sys_caches", lambda: (32 * 1024, 1 << 20, per_core_sys, 8))
+    monkeypatch.setattr(target_module.llvm, "get_host_cpu_name", lambda: cpu)
+    assert target_module.host_target.__wrapped__().l3_bytes == want
+
+
+def test_named_cpus_give_a_cores_l3_share():
+    assert te.target("haswell").l3_bytes == 2 << 20 and te.target("znver4").l3_bytes == 4 << 20
+    assert te.target("cortex-a72").l3_bytes == 0
+    assert "L3 2048 KiB a core" in str(te.target("haswell"))
 
 
 # what LLVM 22.1 detects in a process QEMU 7.2 runs as an AArch64 CPU: it reads the

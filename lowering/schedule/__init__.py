@@ -33,9 +33,9 @@ from dataclasses import replace
 from .. import share
 from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
-from . import (gather_blocks, interior_split, k_blocks, lane_reduction, merged_loops, offset_loops, packing, panels,
-               parallel_root, prefetch, register_tile, residue_classes, row_blocks, row_peeling, selects, split_reduction,
-               sum_chains, templates, tile_loops, tile_plan, vector_axis, vector_width)
+from . import (column_groups, gather_blocks, interior_split, k_blocks, lane_reduction, merged_loops, offset_loops,
+               packing, panels, parallel_root, prefetch, register_tile, residue_classes, row_blocks, row_peeling,
+               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
 from .constructors import Temporaries
 from .hoist import hoist_invariants
@@ -82,6 +82,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     plan = panels.decide(plan, nest, bl)
     plan = k_blocks.decide(plan, bl)
     plan = row_blocks.decide(plan, bl)
+    plan = column_groups.decide(plan, bl)
     plan = row_peeling.decide(plan, nest)
     plan = gather_blocks.decide(plan, nest, bl)
     plan = vector_width.decide(plan, bl)
@@ -90,9 +91,12 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     body = packing.build(plan.body, plan.copies, temps, copies, bl.target.cache_line)
     body = prefetch.build(plan, body, bl)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
-    loops = tile_loops.build(plan, body) if plan.gather is None else gather_blocks.build(plan, body)
-    body = parallel_root.build(plan.untiled(nest), loops, bl.target.threads, plan.pinned, plan.shared)
-    out = [Stage(*into, body)] + again(epilogue)         # scheduled before the copies: temporaries keep their order
+    out = []
+    for name, group in column_groups.parts(plan, into[0]):  # a stage per group of column tiles
+        loops = tile_loops.build(plan, body, group) if plan.gather is None else gather_blocks.build(plan, body)
+        out.append(Stage(name, into[1], parallel_root.build(plan.untiled(nest), loops, bl.target.threads,
+                                                            plan.pinned, plan.shared), apart=group is not None))
+    out += again(epilogue)                                 # scheduled before the copies: temporaries keep their order
     return [packing.unrolled_partially(s) for s in again(copies)] + out
 
 

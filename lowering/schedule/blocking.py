@@ -41,6 +41,9 @@ class Blocking:
       above it) are read from panels;
     * ``row_block_bytes``: half of L2 (a power of two), the row operand's
       share while the column panels pass;
+    * ``panel_group_bytes``: the threads' share of L3, the most of a column
+      operand that blocks of rows re-read from L3 rather than from memory
+      (``column_groups.py``; 0 without an L3);
     * ``prefetch_bytes``: how far ahead a register tile asks for a column
       panel streaming from beyond L2 (``prefetch.py``): one page, the
       reach of the hardware's stream prefetchers, which stop at its end;
@@ -57,6 +60,7 @@ class Blocking:
     k_block_panel: int
     panel_min_bytes: int
     row_block_bytes: int
+    panel_group_bytes: int
     prefetch_bytes: int
     math_chains: int
 
@@ -87,5 +91,5 @@ def blocking(target: Target) -> Blocking:
     k_block = pow2_floor(target.l1_bytes * 2 // 3 // slice_row)
     return Blocking(target, rows, k_block, pow2_floor(target.l2_bytes // 2 // slice_row),
                     1 << (target.l1_bytes - 1).bit_length(),
-                    pow2_floor(target.l2_bytes // 2), PAGE_BYTES,
+                    pow2_floor(target.l2_bytes // 2), target.l3_bytes * target.threads, PAGE_BYTES,
                     max(1, regs // CHAIN_REGISTERS))

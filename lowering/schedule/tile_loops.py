@@ -127,19 +127,24 @@ def _column_tile(plan: TilePlan, body, segments, block, tags, base, n_cols, tile
                     For(kb.var, idx(0), idx(kb.count), as_block(row_tiles)))
 
 
-def _columns_first(plan: TilePlan, body, segments, tags) -> For:
+def _columns_first(plan: TilePlan, body, segments, tags, group=None) -> For:
     """(Row blocks,) column tiles, (K blocks,) row tiles; with row blocks
     and K blocks, BLIS's order: row blocks, K blocks, column tiles, row
     tiles, so a block of rows' slice of one K block stays in L2 while every
     column panel's slice passes once, instead of the rows' whole reduction
     re-read per column tile (the parallel root moves the K blocks out of
-    the untiled output loops around them too, ``parallel_root.py``)."""
+    the untiled output loops around them too, ``parallel_root.py``).
+    ``group = (first, n)``: only column tiles ``first .. first + n``."""
     block = None if plan.row_block is None else (var(f"{plan.i.name}.b"), plan.row_block)
     kb = plan.k_blocks
     k_inside = block is None or kb is None
-    loop = tiled(plan.j_extent, plan.nr * plan.lanes, var(f"{plan.j.name}.o"),
-                 lambda base, n_cols, tile: _column_tile(plan, body, segments, block, tags, base, n_cols, tile,
-                                                         k_inside))
+    width = plan.nr * plan.lanes
+    first, extent = (0, plan.j_extent) if group is None else \
+        (group[0], min(group[1] * width, plan.j_extent - group[0] * width))
+    loop = tiled(extent, width, var(f"{plan.j.name}.o"),
+                 lambda base, n_cols, tile: _column_tile(plan, body, segments, block, tags,
+                                                         add(base, idx(first * width)), n_cols,
+                                                         add(tile, idx(first)), k_inside))
     if block is None:
         return loop
     if not k_inside:
@@ -148,15 +153,16 @@ def _columns_first(plan: TilePlan, body, segments, tags) -> For:
     return For(block[0], idx(0), idx(-(-tiles // plan.row_block)), Block((loop,)))
 
 
-def build(plan: TilePlan, body):
+def build(plan: TilePlan, body, group=None):
     """The tile loops of ``plan`` (without gather blocks) around the (packed,
     K-blocked) element ``body``: column tiles of vector loops, or with a
     register tile (row blocks,) column tiles, (K blocks,) row tiles, or row
-    tiles, column tiles; the row tiles in peeled segments."""
+    tiles, column tiles; the row tiles in peeled segments; only the column
+    tiles of ``group`` (``column_groups.parts``) when given."""
     tags = count()
     if plan.i is None:
         return columns(plan, [{}], body, tags)
     segments = None if plan.peel is None else row_peeling.build(plan.peel, plan.i_extent, body)
     if plan.columns_first:
-        return _columns_first(plan, body, segments, tags)
+        return _columns_first(plan, body, segments, tags, group)
     return _rows(plan, body, segments, lambda rs, src: Block((columns(plan, rs, src, tags),)))

@@ -29,7 +29,8 @@ class TilePlan:
     (``transposed_copies.py``, ``panels.py``).  A register tile
     (``register_tile.py``) is ``mr`` rows of ``i`` (``i_extent``, row tiles
     numbered ``it``) by ``nr`` vectors; with it come ``k_blocks``,
-    ``row_block`` (row tiles per block of rows, ``row_blocks.py``) and
+    ``row_block`` (row tiles per block of rows, ``row_blocks.py``),
+    ``column_group`` (column tiles per stage, ``column_groups.py``) and
     ``peel`` (``row_peeling.py``).  Without one, ``gather`` is ``(b,
     extent)``: the loop visited in blocks (``gather_blocks.py``), inside
     the vector loop as a loop of kind ``transpose`` when ``transpose``,
@@ -56,6 +57,7 @@ class TilePlan:
     nr: int = 1
     k_blocks: KBlocks | None = None
     row_block: int | None = None
+    column_group: int | None = None
     peel: Peel | None = None
     gather: tuple | None = None
     transpose: bool = False
