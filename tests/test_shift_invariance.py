@@ -1,8 +1,9 @@
-"""The derivative of ``a + log(sum_c exp(b_c - a))`` does not reach the shift
-``a`` (``te_autodiff/shift_invariance.py``): a log-sum-exp written with the
-max trick differentiates into the softmax alone, without the argmax pass
-the max's derivative would need; where the formula does not have that shape
-exactly, every route is differentiated as written.  Oracles: numpy's
+"""The derivatives of ``a + log(sum_c exp(b_c - a))`` and of ``exp(b_j - a)
+/ sum_c exp(b_c - a)`` do not reach the shift ``a``
+(``te_autodiff/shift_invariance.py``): a log-sum-exp or a softmax written
+with the max trick differentiates without the argmax pass the max's
+derivative would need; where the formula does not have that shape exactly,
+every route is differentiated as written.  Oracles: numpy's
 softmax by hand and central finite differences (``te.check_gradient``)."""
 import numpy as np
 import pytest
@@ -130,3 +131,122 @@ def test_formulas_of_another_shape_keep_every_route(rng, make):
     dX, = te.gradient(out, [X])
     assert "argmax" in te.pretty(dX)
     te.check_gradient(out, [X], [_data(rng, (3, 5), tie=False)], head=rng.standard_normal(3))
+
+
+def _softmax_rows(X, inline=False, masked=False):
+    """``exp(X[i, j] - m_i) / sum_c exp(X[i, c] - m_i)``, ``m`` the row's max:
+    the exponentials a tensor read by the sum and the ratio, or written
+    inline in both; ``masked``: a causal softmax (the sum over ``c <= i``,
+    the ratio's exponentials only there, zero above)."""
+    N, C = X.shape
+    c1, c2 = te.reduce_axis(C, "c"), te.reduce_axis(C, "c")
+    m = te.compute((N,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    if masked:
+        keep = lambda i, j: j <= i                                            # noqa: E731
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(te.if_then_else(keep(i, c2), E[i, c2], 0.0), axis=c2), name="Z")
+        return te.compute((N, C), lambda i, j: te.if_then_else(keep(i, j), E[i, j] / Z[i], 0.0), name="P")
+    if inline:
+        Z = te.compute((N,), lambda i: te.sum(te.exp(X[i, c2] - m[i]), axis=c2), name="Z")
+        return te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]) / Z[i], name="P")
+    E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+    Z = te.compute((N,), lambda i: te.sum(E[i, c2], axis=c2), name="Z")
+    return te.compute((N, C), lambda i, j: E[i, j] / Z[i], name="P")
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_max_shifted_softmax_sends_nothing_to_its_max(rng, inline):
+    """A softmax's vector-Jacobian product ``P (H - sum_j P_j H_j)`` needs no
+    argmax, whether its exponentials are a tensor (attention's) or written
+    in both places; numpy's formula and finite differences agree, ties for
+    the maximum included."""
+    X = te.placeholder((4, 7), F64, "X")
+    H = te.placeholder((4, 7), F64, "H")
+    P = _softmax_rows(X, inline)
+    dX, = te.gradient(P, [X], head=H)
+    assert "argmax" not in te.pretty(dX)
+    x, h = _data(rng, (4, 7)), rng.standard_normal((4, 7))
+    p, g = te.build([X, H], [P, dX])(x, h)
+    want = _softmax(x)
+    np.testing.assert_allclose(p, want, rtol=1e-14)
+    np.testing.assert_allclose(g, want * (h - (want * h).sum(1, keepdims=True)), rtol=1e-12, atol=1e-15)
+    te.check_gradient(P, [X], [x], head=h)
+
+
+def test_a_causal_softmax_sends_nothing_to_its_max(rng):
+    """The ratios read only some exponentials and the sum adds only some: the
+    cancellation holds for any such subsets (the sum's adjoint gathers the
+    ratios' terms exactly), so the argmax goes here too."""
+    X = te.placeholder((5, 5), F64, "X")
+    P = _softmax_rows(X, masked=True)
+    dX, = te.gradient(P, [X], head=te.placeholder((5, 5), F64, "H"))
+    assert "argmax" not in te.pretty(dX)
+    x, h = _data(rng, (5, 5), tie=False), rng.standard_normal((5, 5))
+    te.check_gradient(P, [X], [x], head=h)
+    keep = np.tril(np.ones((5, 5), bool))
+    e = np.where(keep, np.exp(x - x.max(1, keepdims=True)), 0.0)
+    np.testing.assert_allclose(te.build([X], [P])(x), e / e.sum(1, keepdims=True), rtol=1e-14)
+
+
+def test_attention_scores_softmax_in_float32_needs_no_argmax(rng):
+    """Batched attention weights ``softmax(Q K^T)`` per head, float32: no
+    argmax stage is built and the gradient of ``sum(P H)`` matches numpy's
+    in float64 within float32's rounding over the row."""
+    h, T, d = 2, 6, 4
+    Q, K = te.placeholder((h, T, d), "float32", "Q"), te.placeholder((h, T, d), "float32", "K")
+    r, j1, j2 = te.reduce_axis(d, "r"), te.reduce_axis(T, "j"), te.reduce_axis(T, "j")
+    S = te.compute((h, T, T), lambda a, i, j: te.sum(Q[a, i, r] * K[a, j, r], axis=r), name="scores")
+    M = te.compute((h, T), lambda a, i: te.max(S[a, i, j1], axis=j1), name="row_max")
+    E = te.compute((h, T, T), lambda a, i, j: te.exp(S[a, i, j] - M[a, i]), name="exp")
+    Z = te.compute((h, T), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
+    P = te.compute((h, T, T), lambda a, i, j: E[a, i, j] / Z[a, i], name="softmax")
+    H = te.placeholder((h, T, T), "float32", "H")
+    dQ, = te.gradient(P, [Q], head=H)
+    kernel = te.build([Q, K, H], [dQ])
+    assert "argmax" not in kernel.scheduled_ir
+    q, k, hh = (rng.standard_normal(s.shape).astype(np.float32) for s in (Q, K, H))
+    s = np.einsum("aid,ajd->aij", q.astype(F64), k.astype(F64))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ds = p * (hh - (p * hh).sum(-1, keepdims=True))
+    want = np.einsum("aij,ajd->aid", ds, k.astype(F64))
+    np.testing.assert_allclose(kernel(q, k, hh), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def _softmaxes_that_keep_the_shift():
+    """Softmax formulas one step away from the shape: the argmax stays."""
+    def shared_sum(X, m, c):                        # the sum read by a second tensor too
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        P = te.compute((N, C), lambda i, j: E[i, j] / Z[i], name="P")
+        return te.compute((N, C), lambda i, j: P[i, j] + 0.25 * Z[i], name="out")
+
+    def exp_read_again(X, m, c):                    # the exponentials read outside the ratio
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] / Z[i] + 0.5 * E[i, j], name="out")
+
+    def other_row_sum(X, m, c):                     # the ratio divides by another row's sum
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] / Z[0], name="out")
+
+    def doubled_shift(X, m, c):                     # the numerator shifted by 2m, the sum by m
+        N, C = X.shape
+        Z = te.compute((N,), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: te.exp(X[i, j] - 2.0 * m[i]) / Z[i], name="out")
+    return [shared_sum, exp_read_again, other_row_sum, doubled_shift]
+
+
+@pytest.mark.parametrize("make", _softmaxes_that_keep_the_shift(), ids=lambda f: f.__name__)
+def test_softmaxes_of_another_shape_keep_every_route(rng, make):
+    X = te.placeholder((3, 5), F64, "X")
+    c1, c2 = te.reduce_axis(5, "c"), te.reduce_axis(5, "c")
+    m = te.compute((3,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    out = make(X, m, c2)
+    dX, = te.gradient(out, [X])
+    assert "argmax" in te.pretty(dX)
+    te.check_gradient(out, [X], [_data(rng, (3, 5), tie=False)], head=rng.standard_normal((3, 5)))
