@@ -30,18 +30,22 @@ def _rows_beyond_l2(row_bytes: int) -> int:
     return t.l2_bytes * t.threads // row_bytes + 37
 
 
-def test_stages_split_to_run_apart_stay_apart(monkeypatch):
-    """The softmax of the test below, whose row stages join once its rows
-    leave L2, with every stage marked ``apart`` before the join (as the
-    schedule marks column groups): none joins."""
-    h, m = 3, 100
-    n = _rows_beyond_l2(h * m * 4)
+def _softmax(h: int, n: int, m: int):
+    """``(X, P)``: ``P`` the softmax of the rows of ``X`` (``h x n x m``), in
+    four row stages: the row's max, ``exp``, the row's sum, the quotient."""
     X = te.placeholder((h, n, m), "float32", "X")
     j1, j2 = te.reduce_axis(m, "j"), te.reduce_axis(m, "j")
     M = te.compute((h, n), lambda a, i: te.max(X[a, i, j1], axis=j1), name="row_max")
     E = te.compute((h, n, m), lambda a, i, j: te.exp(X[a, i, j] - M[a, i]), name="exp")
     Z = te.compute((h, n), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
-    P = te.compute((h, n, m), lambda a, i, j: E[a, i, j] / Z[a, i], name="softmax")
+    return X, te.compute((h, n, m), lambda a, i, j: E[a, i, j] / Z[a, i], name="softmax")
+
+
+def test_stages_split_to_run_apart_stay_apart(monkeypatch):
+    """The softmax of the test below, whose row stages join once its rows
+    leave L2, with every stage marked ``apart`` before the join (as the
+    schedule marks column groups): none joins."""
+    X, P = _softmax(3, _rows_beyond_l2(3 * 100 * 4), 100)
     assert any("+" in name for name in _stage_names(te.build([X], [P])))
     join = pipeline.join_rows
     monkeypatch.setattr(pipeline, "join_rows", lambda program, target: join(
@@ -59,13 +63,8 @@ def test_a_softmax_and_its_gradient_run_row_by_row(rng, monkeypatch, large):
     computes them in float64."""
     h, m = 3, 100
     n = _rows_beyond_l2(h * m * 4) if large else 37
-    X = te.placeholder((h, n, m), "float32", "X")
+    X, P = _softmax(h, n, m)
     H = te.placeholder((h, n, m), "float32", "H")
-    j1, j2 = te.reduce_axis(m, "j"), te.reduce_axis(m, "j")
-    M = te.compute((h, n), lambda a, i: te.max(X[a, i, j1], axis=j1), name="row_max")
-    E = te.compute((h, n, m), lambda a, i, j: te.exp(X[a, i, j] - M[a, i]), name="exp")
-    Z = te.compute((h, n), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
-    P = te.compute((h, n, m), lambda a, i, j: E[a, i, j] / Z[a, i], name="softmax")
     r = [te.reduce_axis(d, f"r{k}") for k, d in enumerate((h, n, m))]
     loss = te.compute((1,), lambda _: te.sum(P[r[0], r[1], r[2]] * H[r[0], r[1], r[2]], axis=r), name="loss")
     (dX,) = te.gradient(loss, [X])
