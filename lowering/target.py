@@ -35,10 +35,9 @@ _X86_V3 = _X86_AVX + ("avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe")
 _X86_V4 = _X86_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
 _ARM_V8 = ("fp-armv8", "neon")
 
-# name -> (triple, features, L1 data bytes, L2 bytes per core, last-level cache bytes per core):
-# the CPUs te-autodiff knows by name.  The last figure is a core's share of the cache beyond
-# L2 (the chip's L3 over the cores that share it, 0 without one): Haswell 8 MiB over 4 cores,
-# Skylake-SP 1.375 MiB a core, Zen 2-5 16-32 MiB over the 4-8 cores of a CCX
+# name -> (triple, features, L1 data bytes, L2 bytes per core, L3 bytes per core): the CPUs
+# te-autodiff knows by name.  The last figure is a core's share of the cache beyond L2 (the
+# chip's L3 over the cores that share it, as the vendor specifies; 0 without one)
 X86, ARM = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
 CPUS = {
     "x86-64": (X86, _X86_V1, 32 * KIB, 256 * KIB, 2 * MIB),
