@@ -1351,6 +1351,27 @@ def test_ragged_parallel_root_is_weighed_by_its_work(rng, threads, collapsed):
         np.testing.assert_allclose(kernel(x, w), x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("rows, root", [(1024, "parallel for i.b.j.o in 0..1856:"),
+                                        (2048, "parallel for i.b in 0..57:")])
+def test_a_root_of_row_blocks_idling_a_thread_five_percent_is_collapsed(rng, rows, root):
+    """A 1024-step product on AVX2 over two threads: 1024 rows make 171 row
+    tiles in 29 blocks of 6 (the last 3), whose equal chunks give the
+    threads 90 and 81 tiles (95% busy), so the blocks take in the column
+    tiles (the split then falls within a block); 2048 rows make 57 blocks of
+    6 for 342 tiles, 174 and 168 (98.3% busy), and stay the root.  The bits
+    do not change."""
+    A = te.placeholder((rows, 1024), "float32", "A")
+    B = te.placeholder((1024, 1024), "float32", "B")
+    k = te.reduce_axis(1024, "k")
+    C = te.compute((rows, 1024), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    kernel = te.build([A, B], [C], target=replace(te.target("haswell"), threads=2))
+    assert [ln.strip() for ln in kernel.scheduled_ir.split("stage C:")[1].splitlines() if "parallel" in ln][0] == root
+    if kernel.target.missing_on_host() is None:
+        a, b = (rng.standard_normal(t.shape).astype(np.float32) for t in (A, B))
+        one = te.build([A, B], [C], target=replace(te.target("haswell"), threads=1))
+        np.testing.assert_array_equal(kernel(a, b), one(a, b))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 9), min_size=1, max_size=40), st.integers(1, 5))
 def test_root_balance_models_the_runtime_split(work, threads):
