@@ -44,6 +44,8 @@ cancelling edges are cut, every other route is differentiated as written.
 """
 from __future__ import annotations
 
+from functools import cache, partial
+
 from .expr import BinOp, Load, MatchSum, Reduce, ScanState, Select, Unary, is_const
 from .lift import lifted
 from .visit import children, substitute, topo_order
@@ -154,13 +156,7 @@ def cut_edges(tensors, users) -> dict:
         body = None if t.is_placeholder else _element(t)
         if body is None:
             continue
-        memo = []
-
-        def parents(body=body, memo=memo):
-            if not memo:
-                memo.append(_parents(body))
-            return memo[0]
-
+        parents = cache(partial(_parents, body))      # walked only when a pattern asks
         for pattern in (_logsumexp, _normalised):
             for tensor, edge in pattern(t, body, parents, users):
                 cuts.setdefault(tensor, set()).add(edge)

@@ -13,22 +13,9 @@ in which elements are computed changes."""
 from __future__ import annotations
 
 from dataclasses import replace
-from math import prod
 
-import numpy as np
-
-from ..loop_ir import stride
 from .blocking import Blocking
-from .nest import trips
-
-
-def _column_bytes(plan) -> int:
-    """Bytes of the column operand a block of rows reads: the loads that
-    move with ``j``, not with ``i``, over the whole of ``j`` and the loops
-    inside the element (the larger, if several)."""
-    return max((plan.j_extent * prod(trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
-                for a in plan.accesses if a.loops and not a.store and stride(a.index, plan.j) != 0
-                and stride(a.index, plan.i) == 0), default=0)
+from .nest import operand_bytes
 
 
 def decide(plan, bl: Blocking):
@@ -38,7 +25,7 @@ def decide(plan, bl: Blocking):
     larger than ``bl.panel_group_bytes``; unchanged otherwise."""
     if plan.i is None or plan.row_block is None or plan.k_blocks is not None or bl.panel_group_bytes <= 0:
         return plan
-    size = _column_bytes(plan)
+    size = operand_bytes(plan.accesses, plan.j, plan.i, plan.j_extent)
     if size <= bl.panel_group_bytes:
         return plan
     tiles = -(-plan.j_extent // (plan.nr * plan.lanes))

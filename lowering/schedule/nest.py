@@ -5,11 +5,14 @@ their accumulators."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
-from te_autodiff.expr import BinOp, Cast, Const, add, maximum, minimum, mul
+import numpy as np
+
+from te_autodiff.expr import BinOp, Cast, Const, Var, add, maximum, minimum, mul
 
 from ..loop_ir import (Alloc, Assign, Block, Buffer, For, If, Stage, Store, free_leaves, loads_in, stmt_exprs,
-                       walk)
+                       stride, walk)
 from .constructors import as_block
 
 UNKNOWN_TRIPS = 16           # assumed iterations of a loop whose extent is not a constant
@@ -70,6 +73,16 @@ def assemble(chain, body=None):
 
 def trips(loop: For) -> int:
     return max(loop.extent.value, 0) if isinstance(loop.extent, Const) else UNKNOWN_TRIPS
+
+
+def operand_bytes(accesses, moves: Var, fixed: Var, extent: int) -> int:
+    """Bytes of the operand a GEMM's loads read along ``moves`` (``extent``
+    iterations), not along ``fixed``: each such load over ``moves`` and the
+    loops inside the element, the largest (a tile's row operand: ``moves``
+    the rows, ``fixed`` the columns; its column operand the other way)."""
+    return max((extent * prod(trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
+                for a in accesses if a.loops and not a.store and stride(a.index, fixed) == 0
+                and stride(a.index, moves) != 0), default=0)
 
 
 def depends(exprs, names) -> bool:

@@ -10,15 +10,11 @@ output, the K blocks run between the row blocks and the column tiles
 from __future__ import annotations
 
 from dataclasses import replace
-from math import prod
-
-import numpy as np
 
 from te_autodiff.expr import Var
 
-from ..loop_ir import stride
 from .blocking import Blocking
-from .nest import trips
+from .nest import operand_bytes
 
 
 def _blocks(accesses, i: Var, j: Var, i_extent: int, k_blocks: int, bl: Blocking) -> int:
@@ -26,9 +22,7 @@ def _blocks(accesses, i: Var, j: Var, i_extent: int, k_blocks: int, bl: Blocking
     row operand (the loads that move with ``i``, not with ``j``) is at most
     ``bl.row_block_bytes``, over one of ``k_blocks`` K blocks kept in place
     (they then run outside the column tiles, ``tile_loops.py``)."""
-    size = max((i_extent * prod(trips(lp) for lp in a.loops) * np.dtype(a.buffer.dtype).itemsize
-                for a in accesses if a.loops and not a.store and stride(a.index, j) == 0
-                and stride(a.index, i) != 0), default=0) // k_blocks
+    size = operand_bytes(accesses, i, j, i_extent) // k_blocks
     blocks = 1
     while size > blocks * bl.row_block_bytes:
         blocks *= 2
