@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import te_autodiff as te
-from te_autodiff.expr import add, const, mul, var
+from te_autodiff.expr import add, const, minimum, mul, var
 from lowering import runtime
 from lowering.codegen_llvm import stream_min_bytes
-from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Prefetch, Simd, expr_text,
+from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Prefetch, Simd, Store, expr_text,
                               linear_form, loads_in, stmt_exprs, stmt_text, walk)
 from lowering.lower import lower
 from lowering.pipeline import lower_for, schedule_program
@@ -397,11 +397,12 @@ def test_row_blocks_take_the_k_blocks_inside_them(rng, name):
 def test_row_blocks_stay_the_parallel_root_where_they_share_out_evenly(rng, name, threads):
     """A weight gradient's product whose rows make two row blocks (one K
     block of them between one and two ``row_block_bytes``) and eight column
-    tiles.  Over two threads the two blocks share out evenly and stay the
-    parallel root, their K blocks and the column tiles inside, so each
-    thread reads its rows' K blocks once; over four the column tiles move
-    out to give every thread work (the rows' K blocks then re-read per
-    column tile).  Same values either way."""
+    tiles.  The blocks are made as many as the threads (a multiple of them:
+    two, four) and stay the parallel root, their K blocks and the
+    column tiles inside, so each thread reads its rows' K blocks once (with
+    two blocks over four threads the column tiles moved out to give every
+    thread work, and the rows' K blocks were re-read per column tile).  The
+    values are one thread's."""
     target = replace(te.target(name), threads=threads)
     bl = blocking(target)
     kc = bl.k_block_rows(4)
@@ -412,11 +413,13 @@ def test_row_blocks_stay_the_parallel_root_where_they_share_out_evenly(rng, name
     kernel = te.build([A, B], [C], target=target)
     text = stmt_text(stage(kernel, "C").body)
     loops = [ln.split(" in ")[0].split()[-1] for ln in text.splitlines() if " for " in f" {ln.strip()}"]
-    assert loops[:3] == (["i.b", "k.b", "j.o"] if threads == 2 else ["j.o", "i.b", "k.b"])
-    assert text.splitlines()[0].startswith("parallel for") and " in 0..2:" in text.splitlines()[threads // 2 - 1]
+    assert loops[:3] == ["i.b", "k.b", "j.o"]
+    assert text.splitlines()[0] == f"parallel for i.b in 0..{threads}:"
     if kernel.target.missing_on_host() is None:
+        one = te.build([A, B], [C], target=replace(target, threads=1))
         a = rng.standard_normal(A.shape).astype(np.float32)
         b = rng.standard_normal(B.shape).astype(np.float32)
+        np.testing.assert_array_equal(kernel(a, b), one(a, b))
         np.testing.assert_allclose(kernel(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
@@ -1291,59 +1294,22 @@ def test_no_panel_copies_an_element_twice(rng):
         np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
-def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
-    """The filter gradient's tile loops have 3 iterations each (kh, kw): over 2
-    threads one would idle a third of the time, so kh and kw become one root
-    loop of 9 (over 1 or 3 threads 3 shares out evenly).  The bits do not change."""
-    from dataclasses import replace
-
-    X, W, Y = conv(2, 16, 12, 16, 3, 1)
-    H = te.placeholder(Y.shape, "float32", "H")
-    dW, = te.gradient(Y, [W], head=H)
-    target = replace(te.target(), threads=threads)
-    kernel = te.build([X, W, H], [dW], target=target)
-    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage dW")[-1].splitlines() if "parallel" in ln][0]
-    assert root.startswith("parallel for i2.i3") == collapsed
-    x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
-    reference = te.build([X, W, H], [dW], target=replace(te.target(), threads=1))(x, w, h)
-    np.testing.assert_array_equal(kernel(x, w, h), reference)
-
-
-def test_parallel_root_is_collapsed_again_while_it_stays_unbalanced(rng):
-    """On SSE (4 lanes) the filter gradient of 16 output channels has two
-    column tiles inside kh and kw: kh x kw = 9 over 2 threads still idles
-    one a tenth of the time, so the column tiles join the root (18: 9 and
-    9).  The bits do not change."""
-    X, W, Y = conv(2, 16, 12, 16, 3, 1)
-    H = te.placeholder(Y.shape, "float32", "H")
-    dW, = te.gradient(Y, [W], head=H)
-    kernel = te.build([X, W, H], [dW], target=replace(te.target("x86-64-v2"), threads=2))
-    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage dW")[-1].splitlines() if "parallel" in ln][0]
-    assert root == "parallel for i2.i3.i0.o in 0..18:"
-    if kernel.target.missing_on_host() is None:
-        x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
-        one = te.build([X, W, H], [dW], target=replace(te.target("x86-64-v2"), threads=1))
-        np.testing.assert_array_equal(kernel(x, w, h), one(x, w, h))
-
-
-@pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
-def test_ragged_parallel_root_is_weighed_by_its_work(rng, threads, collapsed):
-    """An MLP layer's product on AVX2: 15 row blocks of 6 row tiles cover 86
-    tiles, the last block 2.  Counted alike, 15 blocks over 2 threads look
-    balanced (8 and 7: 94%); weighed by their tiles the runtime's equal
-    chunks give 48 and 38 (90% busy at best, 89.6% here), so the root takes in
-    the loop inside it.  Over 3 threads (30, 30, 26 tiles) it stays.  The
-    bits do not change."""
-    from dataclasses import replace
-
+@pytest.mark.parametrize("threads, blocks", [(1, 15), (2, 16), (3, 15)])
+def test_row_blocks_share_out_evenly_over_the_threads(rng, threads, blocks):
+    """An MLP layer's product on AVX2: L2 holds the rows of 6 row tiles of
+    86, so 15 blocks; over 2 threads they become 16 (a multiple of the
+    threads) of 5 or 6 tiles, 43 a thread, where 15 blocks of 6 and a last
+    of 2 gave the runtime's equal chunks 48 and 38; over 3 threads 15
+    blocks share out as they are.  The root stays the blocks, and the bits
+    are one thread's."""
     X = te.placeholder((128, 784), "float32", "X")
     W = te.placeholder((512, 784), "float32", "W")
     k = te.reduce_axis(784, "k")
     h = te.compute((128, 512), lambda i, j: te.sum(X[i, k] * W[j, k], axis=k), name="h")
     kernel = te.build([X, W], [h], target=replace(te.target("haswell"), threads=threads))
-    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage h:")[1].splitlines() if "parallel" in ln][0]
-    assert root == ("parallel for j.b.i.o in 0..120:" if collapsed else "parallel for j.b in 0..15:")
+    lines = [ln.strip() for ln in kernel.scheduled_ir.split("stage h:")[1].splitlines()]
+    assert [ln for ln in lines if "parallel" in ln][0] == f"parallel for j.b in 0..{blocks}:"
+    assert f"for j.o in 0..(j.b + 1) * 86 // {blocks} - j.b * 86 // {blocks}:" in lines
     if kernel.target.missing_on_host() is None:
         x, w = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W))
         one = te.build([X, W], [h], target=replace(te.target("haswell"), threads=1))
@@ -1351,25 +1317,61 @@ def test_ragged_parallel_root_is_weighed_by_its_work(rng, threads, collapsed):
         np.testing.assert_allclose(kernel(x, w), x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("rows, root", [(1024, "parallel for i.b.j.o in 0..1856:"),
-                                        (2048, "parallel for i.b in 0..57:")])
-def test_a_root_of_row_blocks_idling_a_thread_five_percent_is_collapsed(rng, rows, root):
-    """A 1024-step product on AVX2 over two threads: 1024 rows make 171 row
-    tiles in 29 blocks of 6 (the last 3), whose equal chunks give the
-    threads 90 and 81 tiles (95% busy), so the blocks take in the column
-    tiles (the split then falls within a block); 2048 rows make 57 blocks of
-    6 for 342 tiles, 174 and 168 (98.3% busy), and stay the root.  The bits
-    do not change."""
-    A = te.placeholder((rows, 1024), "float32", "A")
-    B = te.placeholder((1024, 1024), "float32", "B")
-    k = te.reduce_axis(1024, "k")
-    C = te.compute((rows, 1024), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
-    kernel = te.build([A, B], [C], target=replace(te.target("haswell"), threads=2))
-    assert [ln.strip() for ln in kernel.scheduled_ir.split("stage C:")[1].splitlines() if "parallel" in ln][0] == root
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 400), st.integers(1, 64), st.integers(1, 4))
+def test_blocks_of_tiles_differ_by_one_tile_at_most(tiles, per_thread, threads):
+    """tile_loops.block_of: the blocks cover the tiles in order, each once;
+    any two blocks, and any two threads' equal runs of them, differ by a
+    tile at most; an even split is written as a plain product."""
+    from lowering.loop_ir import substitute
+    from lowering.schedule.tile_loops import block_of
+
+    blocks = min(per_thread * threads, tiles)
+    b = var("b")
+    first, n = block_of(tiles, b, blocks)
+    starts = [substitute(first, {b: idx(v)}).value for v in range(blocks)]
+    sizes = [substitute(n, {b: idx(v)}).value for v in range(blocks)]
+    assert starts == list(np.cumsum([0] + sizes[:-1])) and sum(sizes) == tiles
+    assert max(sizes) - min(sizes) <= 1
+    if blocks % threads == 0:
+        run = blocks // threads
+        shares = [sum(sizes[t * run:(t + 1) * run]) for t in range(threads)]
+        assert max(shares) - min(shares) <= 1
+    assert ("//" in expr_text(first)) == (tiles % blocks != 0)
+
+
+def test_a_ragged_root_is_weighed_by_its_work():
+    """parallel_root.build over 49 blocks of 6 row tiles of 289 (the last
+    1), each around 32 column tiles: counted alike 49 blocks over 2 threads
+    (25 and 24) look balanced, weighed the runtime's equal chunks give 150
+    and 139 tiles (96%), so the blocks take in the column tiles (147 and
+    142); tile_loops.block_of's 49 blocks of 5 or 6 (147 and 142 too) stay
+    the root."""
+    from lowering.schedule.parallel_root import build
+    from lowering.schedule.tile_loops import block_of
+
+    b, jo, io = var("b"), var("jo"), var("io")
+    body = Block((Store(Buffer("out", (1734, 32), "float32", "output"), add(mul(io, const(32)), jo), const(0.0)),))
+    ragged = minimum(idx(6), add(idx(289), mul(b, idx(-6))))
+    for extent, root in [(ragged, "b.jo"), (block_of(289, b, 49)[1], "b")]:
+        tiles = For(b, idx(0), idx(49), Block((For(jo, idx(0), idx(32), Block((
+            For(io, idx(0), extent, body),))),)))
+        assert build([], tiles, threads=2).var.name == root
+
+
+@pytest.mark.parametrize("rows, root", [(47, "parallel for i.j.o in 0..12032:"), (49, "parallel for i in 0..49:")])
+def test_a_root_idling_a_thread_two_percent_is_collapsed(rng, rows, root):
+    """47 rows over 2 threads keep one idle 1/48 of the time (97.9% busy,
+    under ``BALANCED``): the rows take in the vector tiles inside; 49 rows
+    (98.0%) stay the root.  The bits are one thread's."""
+    A = te.placeholder((rows, 4096), "float32", "A")
+    B = te.compute((rows, 4096), lambda i, j: te.exp(A[i, j]) * 2.0, name="B")
+    kernel = te.build([A], [B], target=replace(te.target("haswell"), threads=2))
+    assert [ln.strip() for ln in kernel.scheduled_ir.split("stage B:")[1].splitlines() if "parallel" in ln][0] == root
     if kernel.target.missing_on_host() is None:
-        a, b = (rng.standard_normal(t.shape).astype(np.float32) for t in (A, B))
-        one = te.build([A, B], [C], target=replace(te.target("haswell"), threads=1))
-        np.testing.assert_array_equal(kernel(a, b), one(a, b))
+        a = rng.standard_normal((rows, 4096)).astype(np.float32)
+        one = te.build([A], [B], target=replace(te.target("haswell"), threads=1))
+        np.testing.assert_array_equal(kernel(a), one(a))
 
 
 @settings(max_examples=200, deadline=None)

@@ -23,7 +23,7 @@ def decide(plan, bl: Blocking):
     ``column_group``, the column tiles per group, when its rows run in
     blocks over whole reductions (no K blocks) and the column operand is
     larger than ``bl.panel_group_bytes``; unchanged otherwise."""
-    if plan.i is None or plan.row_block is None or plan.k_blocks is not None or bl.panel_group_bytes <= 0:
+    if plan.i is None or plan.row_blocks is None or plan.k_blocks is not None or bl.panel_group_bytes <= 0:
         return plan
     size = operand_bytes(plan.accesses, plan.j, plan.i, plan.j_extent)
     if size <= bl.panel_group_bytes:

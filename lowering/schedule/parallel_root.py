@@ -8,14 +8,12 @@ A root whose iterations do not share out evenly over the target's threads
 (3 over 2 keeps one thread idle a third of the time) is collapsed with the
 loop inside it (3 x 3 = 9: 5 and 4), and again with the next while that
 helps and the threads would still idle more than ``1 - BALANCED`` of the
-time.  Iterations are weighed by the work under them: a root over row
-blocks whose last block is ragged (15 blocks of 6 rows of 86: the
-runtime's equal chunks give 48 and 38 rows) counts as unbalanced too; so
-does 15 blocks of 3 row tiles of 43 taken with 3 filter taps (69 and 60
-tiles), which the column tiles inside even out, and 29 blocks of 6 of 171
-(90 and 81: one thread idle 5% of the time, a GEMM's whole margin).  Either way each element
-is computed by the same operations; only which thread computes it
-changes."""
+time (47 over 2: one idle 2%, a GEMM's whole margin).  Iterations are
+weighed by the work under them: a root over blocks whose last is ragged
+(49 blocks of 6 rows of 289: the runtime's equal chunks give 150 and 139
+rows) counts as unbalanced, where counted alike it looks balanced (25 and
+24 blocks).  Either way each element is computed by the same
+operations; only which thread computes it changes."""
 from __future__ import annotations
 
 from math import prod

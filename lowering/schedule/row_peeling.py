@@ -52,7 +52,7 @@ def _peel(extent: int, mr: int, body, i: Var, inner: dict):
 def decide(plan, nest: Nest):
     """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with the
     :class:`Peel` of its register tile's rows; unchanged when there is none."""
-    if plan.i is None or len(nest.vars) < 3 or plan.row_block is not None or \
+    if plan.i is None or len(nest.vars) < 3 or plan.row_blocks is not None or \
             any(c.panel is not None and c.panel[1] is plan.it for c in plan.copies):
         return plan
     return replace(plan, peel=_peel(plan.i_extent, plan.mr, plan.body, plan.i, plan.inner))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from itertools import count
 
-from te_autodiff.expr import Var, add, minimum, mul, sub, var
+from te_autodiff.expr import Var, add, floordiv, mul, sub, var
 
 from ..loop_ir import Block, For, If, Simd, walk
 from . import row_peeling
@@ -26,14 +26,12 @@ def tiled(extent: int, size: int, var_: Var, make, block=None) -> For:
     """A loop over tiles of ``size`` along an axis of ``extent``: ``make(base,
     n, tile)`` builds the code for the ``n`` positions from ``base`` in tile
     number ``tile``; a partial last tile gets its own code behind a (uniform)
-    test.  ``block = (b, per)``: only the ``per`` tiles of block ``b`` (a loop
-    outside)."""
+    test.  ``block = (b, blocks)``: only the tiles of block ``b`` of ``blocks``
+    (a loop outside, :func:`block_of`)."""
     full, rest = divmod(extent, size)
     if block is not None:
-        b, per = block
-        tiles = full + (rest > 0)
-        tile = add(mul(b, idx(per)), var_)
-        n_tiles = idx(per) if tiles % per == 0 else minimum(idx(per), sub(idx(tiles), mul(b, idx(per))))
+        first, n_tiles = block_of(full + (rest > 0), *block)
+        tile = add(first, var_)
         base = mul(tile, idx(size))
         if rest == 0:
             return For(var_, idx(0), n_tiles, make(base, size, tile))
@@ -46,6 +44,18 @@ def tiled(extent: int, size: int, var_: Var, make, block=None) -> For:
         return For(var_, idx(0), idx(1), make(idx(0), rest, idx(0)))
     test = If(lt(var_, full), Block((make(base, size, var_),)), Block((make(base, rest, var_),)))
     return For(var_, idx(0), idx(full + 1), Block((test,)))
+
+
+def block_of(tiles: int, b: Var, blocks: int):
+    """The first tile and the tile count of block ``b`` of ``blocks`` blocks
+    of ``tiles`` tiles: ``floor(b tiles / blocks)`` onwards, so the blocks
+    differ by at most one tile and so do any equal runs of them (a thread's
+    share of the root: 86 tiles in 8 blocks give two threads 43 each, where
+    blocks of 11 and a last of 9 gave 44 and 42)."""
+    if tiles % blocks == 0:
+        return mul(b, idx(tiles // blocks)), idx(tiles // blocks)
+    first = floordiv(mul(b, idx(tiles)), idx(blocks))
+    return first, sub(floordiv(mul(add(b, idx(1)), idx(tiles)), idx(blocks)), first)
 
 
 def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_block) -> Block:
@@ -107,8 +117,8 @@ def _row_subs(plan: TilePlan, base, n_rows: int, tile) -> list:
 
 def _rows(plan: TilePlan, body, segments, tile_of, block=None):
     """The row tiles, ``tile_of(row_subs, element body)`` making one; in
-    ``segments`` when the row range is peeled, in blocks ``block = (b, per)``
-    when blocked."""
+    ``segments`` when the row range is peeled, in blocks ``block = (b,
+    blocks)`` when blocked."""
     name = f"{plan.i.name}.o"
     if segments is None:
         return tiled(plan.i_extent, plan.mr, var(name),
@@ -135,7 +145,7 @@ def _columns_first(plan: TilePlan, body, segments, tags, group=None) -> For:
     re-read per column tile (the parallel root moves the K blocks out of
     the untiled output loops around them too, ``parallel_root.py``).
     ``group = (first, n)``: only column tiles ``first .. first + n``."""
-    block = None if plan.row_block is None else (var(f"{plan.i.name}.b"), plan.row_block)
+    block = None if plan.row_blocks is None else (var(f"{plan.i.name}.b"), plan.row_blocks)
     kb = plan.k_blocks
     k_inside = block is None or kb is None
     width = plan.nr * plan.lanes
@@ -149,8 +159,7 @@ def _columns_first(plan: TilePlan, body, segments, tags, group=None) -> For:
         return loop
     if not k_inside:
         loop = For(kb.var, idx(0), idx(kb.count), Block((loop,)))
-    tiles = -(-plan.i_extent // plan.mr)
-    return For(block[0], idx(0), idx(-(-tiles // plan.row_block)), Block((loop,)))
+    return For(block[0], idx(0), idx(plan.row_blocks), Block((loop,)))
 
 
 def build(plan: TilePlan, body, group=None):

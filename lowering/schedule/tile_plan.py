@@ -29,7 +29,7 @@ class TilePlan:
     (``transposed_copies.py``, ``panels.py``).  A register tile
     (``register_tile.py``) is ``mr`` rows of ``i`` (``i_extent``, row tiles
     numbered ``it``) by ``nr`` vectors; with it come ``k_blocks``,
-    ``row_block`` (row tiles per block of rows, ``row_blocks.py``),
+    ``row_blocks`` (how many blocks of rows, ``row_blocks.py``),
     ``column_group`` (column tiles per stage, ``column_groups.py``) and
     ``peel`` (``row_peeling.py``).  Without one, ``gather`` is ``(b,
     extent)``: the loop visited in blocks (``gather_blocks.py``), inside
@@ -56,7 +56,7 @@ class TilePlan:
     mr: int = 1
     nr: int = 1
     k_blocks: KBlocks | None = None
-    row_block: int | None = None
+    row_blocks: int | None = None
     column_group: int | None = None
     peel: Peel | None = None
     gather: tuple | None = None
@@ -82,7 +82,7 @@ class TilePlan:
         """The loops whose inner loops share a block of the rows: K blocks
         taken by row blocks (BLIS's order, ``tile_loops.py``)."""
         kb = self.k_blocks
-        return (kb.var,) if kb is not None and self.row_block is not None else ()
+        return (kb.var,) if kb is not None and self.row_blocks is not None else ()
 
     def untiled(self, nest: Nest) -> list:
         """The output loops neither the vector loop nor the row tiles (or gather blocks) replace."""
