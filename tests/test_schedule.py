@@ -1294,6 +1294,42 @@ def test_no_panel_copies_an_element_twice(rng):
         np.testing.assert_allclose(kernel(x, w), conv_reference(x, w, 1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads,collapsed", [(1, False), (2, True), (3, False)])
+def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
+    """The filter gradient's tile loops have 3 iterations each (kh, kw): over 2
+    threads one would idle a third of the time, so kh and kw become one root
+    loop of 9 (over 1 or 3 threads 3 shares out evenly).  The bits do not change."""
+    from dataclasses import replace
+
+    X, W, Y = conv(2, 16, 12, 16, 3, 1)
+    H = te.placeholder(Y.shape, "float32", "H")
+    dW, = te.gradient(Y, [W], head=H)
+    target = replace(te.target(), threads=threads)
+    kernel = te.build([X, W, H], [dW], target=target)
+    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage dW")[-1].splitlines() if "parallel" in ln][0]
+    assert root.startswith("parallel for i2.i3") == collapsed
+    x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
+    reference = te.build([X, W, H], [dW], target=replace(te.target(), threads=1))(x, w, h)
+    np.testing.assert_array_equal(kernel(x, w, h), reference)
+
+
+def test_parallel_root_is_collapsed_again_while_it_stays_unbalanced(rng):
+    """On SSE (4 lanes) the filter gradient of 16 output channels has two
+    column tiles inside kh and kw: kh x kw = 9 over 2 threads still idles
+    one a tenth of the time, so the column tiles join the root (18: 9 and
+    9).  The bits do not change."""
+    X, W, Y = conv(2, 16, 12, 16, 3, 1)
+    H = te.placeholder(Y.shape, "float32", "H")
+    dW, = te.gradient(Y, [W], head=H)
+    kernel = te.build([X, W, H], [dW], target=replace(te.target("x86-64-v2"), threads=2))
+    root = [ln.strip() for ln in kernel.scheduled_ir.split("stage dW")[-1].splitlines() if "parallel" in ln][0]
+    assert root == "parallel for i2.i3.i0.o in 0..18:"
+    if kernel.target.missing_on_host() is None:
+        x, w, h = (rng.standard_normal(t.shape).astype(np.float32) for t in (X, W, H))
+        one = te.build([X, W, H], [dW], target=replace(te.target("x86-64-v2"), threads=1))
+        np.testing.assert_array_equal(kernel(x, w, h), one(x, w, h))
+
+
 @pytest.mark.parametrize("threads, blocks", [(1, 15), (2, 16), (3, 15)])
 def test_row_blocks_share_out_evenly_over_the_threads(rng, threads, blocks):
     """An MLP layer's product on AVX2: L2 holds the rows of 6 row tiles of
