@@ -363,6 +363,36 @@ def test_k_blocks_combine_partial_results_with_the_reductions_operator(rng, op):
     np.testing.assert_array_equal(kernel(a, b), getattr(np, op)(a[:, :, None] + b[None], axis=1))
 
 
+@pytest.mark.parametrize("name, blocked", [("haswell", True), ("skylake-avx512", False)])
+def test_a_row_operand_read_down_its_columns_takes_k_blocks_when_its_lines_outgrow_l2(rng, name, blocked):
+    """``C[t, d] = Σ_s P[s, t] Q[s, d]`` with ``P`` a padded temporary read in
+    place down its columns (attention's key gradient).  With AVX2's 6-row
+    tiles and Haswell's L2 the rows blocked for all 2048 steps are 18 wide,
+    three lines a step: 384 KB of lines against a 128 KB budget, so the
+    reduction takes K blocks and blocks of whole lines; with AVX-512's
+    8-row tiles and its L2 a block is 64 rows, four whole lines a step,
+    512 KB against 512 KB, and the reduction stays whole.  Bits are one
+    thread's either way."""
+    T = 2048
+    target = replace(te.target(name), threads=2)
+    S, Q = te.placeholder((T, T), "float32", "S"), te.placeholder((T, 64), "float32", "Q")
+    P = te.compute((T, T), lambda s, t: te.exp(S[s, t]), name="P")
+    s = te.reduce_axis(T, "s")
+    C = te.compute((T, 64), lambda t, d: te.sum(P[s, t] * Q[s, d], axis=s), name="C")
+    kernel = te.build([S, Q], [C], target=target)
+    text = stmt_text(stage(kernel, "C").body)
+    assert ("for k.b in" in text) == blocked
+    assert "P.packed" not in kernel.scheduled_ir                           # P read in place
+    if kernel.target.missing_on_host() is None:
+        x = rng.uniform(-1, 1, (T, T)).astype(np.float32)
+        q = rng.standard_normal((T, 64)).astype(np.float32)
+        one = te.build([S, Q], [C], target=replace(target, threads=1))
+        np.testing.assert_array_equal(kernel(x, q), one(x, q))
+        p = np.exp(x.astype(np.float64))
+        bound = (T + 8) * np.finfo(np.float32).eps * (p.T @ np.abs(q))      # sums of T products, exp a few ulp
+        assert np.all(np.abs(kernel(x, q) - p.T @ q) <= bound)
+
+
 @pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
 def test_row_blocks_take_the_k_blocks_inside_them(rng, name):
     """A weight gradient's product ``Σ_k A[k, i] B[k, j]`` over a long batch

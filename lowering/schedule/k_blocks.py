@@ -20,15 +20,17 @@ bound of the unblocked sum, the same on every call and thread count."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import prod
 
 import numpy as np
 
 from te_autodiff.expr import BinOp, Const, Var, add, binop, compare, identity_of, minimum, mul, sub, var
 
 from ..loop_ir import Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Stage, Store, stride, substitute, walk
+from . import row_blocks
 from .blocking import Blocking
 from .constructors import Temporaries, idx, linear
-from .nest import Nest
+from .nest import Nest, trips
 
 
 @dataclass(frozen=True)
@@ -142,16 +144,51 @@ def _k_blocked(body: Block, plan: KBlocks, out: Buffer, sums=None):
     )), epilogue
 
 
+def _strided_slice(plan, bl: Blocking) -> int:
+    """Bytes of whole cache lines a block of rows, sized by ``row_blocks.py``
+    for the whole reduction, reads of a row operand read in place (not from
+    a copy) whose reduction steps are a line or more apart: each step reads
+    the lines its rows touch, and a span not a whole number of lines touches
+    one more than it fills (18 float32, 72 bytes: three lines).  0 without
+    such an operand."""
+    line = bl.target.cache_line
+    tiles = -(-plan.i_extent // plan.mr)
+    most = -(-tiles // row_blocks.blocks(plan.accesses, plan.i, plan.j, plan.i_extent, 1, bl))
+    copied = {(c.access.buffer, c.access.index) for c in plan.copies}
+    out = 0
+    for a in plan.accesses:
+        item = np.dtype(a.buffer.dtype).itemsize
+        if a.store or not a.loops or (a.buffer, a.index) in copied or stride(a.index, plan.j) != 0 \
+                or stride(a.index, plan.i) == 0 or abs(stride(a.index, a.loops[-1].var)) * item < line:
+            continue
+        span = most * plan.mr * abs(stride(a.index, plan.i)) * item
+        lines = -(-span // line) + (span % line != 0)
+        out = max(out, prod(trips(lp) for lp in a.loops) * lines * line)
+    return out
+
+
 def decide(plan, bl: Blocking):
     """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with the
     :class:`KBlocks` of its register tile's reduction; unchanged without a
-    register tile."""
+    register tile.  A reduction from a column panel whose row operand is read
+    in place a line or more apart per step (a padded temporary read down its
+    columns: attention's ``dscoresᵀ``) takes blocks of ``k_block_rows`` even
+    when the panel alone would not be cut, if a block of rows' slice in
+    whole lines (:func:`_strided_slice`) outgrows ``row_block_bytes``: rows
+    blocked for the whole reduction can be a few rows wide (18 float32 over
+    2048 steps: 384 KB of lines against 128 KB), and neighbouring blocks
+    fetch the lines they share twice; blocked for one K block they span
+    whole lines (128 rows, 8 lines a step) and the slice fits."""
     if plan.i is None:
         return plan
     panel = any(c.panel is not None and c.panel[1] is plan.jt for c in plan.copies)
+    rows = bl.k_block_rows(np.dtype(plan.out.dtype).itemsize)
     kb = _k_blocks(plan.body, plan.out, plan.j, bl.k_block_panel if panel else bl.k_block)
     if panel and kb is not None and kb.in_place:
-        kb = _k_blocks(plan.body, plan.out, plan.j, bl.k_block_rows(np.dtype(plan.out.dtype).itemsize))
+        kb = _k_blocks(plan.body, plan.out, plan.j, rows)
+    elif panel and kb is None and _strided_slice(plan, bl) > bl.row_block_bytes:
+        kb = _k_blocks(plan.body, plan.out, plan.j, rows)
+        kb = kb if kb is not None and kb.in_place else None
     return replace(plan, k_blocks=kb)
 
 

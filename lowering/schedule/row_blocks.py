@@ -18,7 +18,7 @@ from .blocking import Blocking
 from .nest import operand_bytes
 
 
-def _blocks(accesses, i: Var, j: Var, i_extent: int, k_blocks: int, bl: Blocking) -> int:
+def blocks(accesses, i: Var, j: Var, i_extent: int, k_blocks: int, bl: Blocking) -> int:
     """The number of blocks of rows: a power of two, so that each block of the
     row operand (the loads that move with ``i``, not with ``j``) is at most
     ``bl.row_block_bytes``, over one of ``k_blocks`` K blocks kept in place
@@ -35,14 +35,14 @@ def decide(plan, bl: Blocking):
     ``row_blocks``, how many blocks of rows, when its column tiles run
     first, there are several and the rows take more than one block;
     unchanged otherwise.  The fewest blocks no larger than the L2 budget
-    allows (:func:`_blocks`), rounded up to a multiple of the threads: the
+    allows (:func:`blocks`), rounded up to a multiple of the threads: the
     blocks differ by at most a tile (``tile_loops.block_of``), so the
     threads' equal shares of them do too."""
     if plan.i is None or not plan.columns_first or plan.j_extent <= plan.nr * plan.lanes:
         return plan
     tiles = -(-plan.i_extent // plan.mr)
     kb = plan.k_blocks.count if plan.k_blocks is not None and plan.k_blocks.in_place else 1
-    most = -(-tiles // _blocks(plan.accesses, plan.i, plan.j, plan.i_extent, kb, bl))
+    most = -(-tiles // blocks(plan.accesses, plan.i, plan.j, plan.i_extent, kb, bl))
     if most == tiles:
         return plan
     threads = bl.target.threads
