@@ -9,7 +9,9 @@ address order) while the row tiles pass.  A reduction so cut from a panel
 whose partial sums stay in the output takes blocks of ``k_block_rows``
 instead (BLIS's KC): blocks of rows take its K blocks (``row_blocks.py``),
 and the shorter the blocks the more rows a block holds, so the panel is
-re-read from L3 for fewer of them.
+re-read from L3 for fewer of them.  So is a reduction too short to cut
+for its panel whose row operand, read in place down its columns, would
+give a block of rows more lines than ``row_block_bytes`` (:func:`decide`).
 
 Each block sums its own steps from the reduction's identity, in order, and
 then combines the partial sum the blocks before left: the output tile's
