@@ -154,8 +154,7 @@ def _strided_slice(plan, bl: Blocking) -> int:
     one more than it fills (18 float32, 72 bytes: three lines).  0 without
     such an operand."""
     line = bl.target.cache_line
-    tiles = -(-plan.i_extent // plan.mr)
-    most = -(-tiles // row_blocks.blocks(plan.accesses, plan.i, plan.j, plan.i_extent, 1, bl))
+    most = row_blocks.block_tiles(plan, 1, bl)[1]
     copied = {(c.access.buffer, c.access.index) for c in plan.copies}
     out = 0
     for a in plan.accesses:

@@ -30,6 +30,13 @@ def blocks(accesses, i: Var, j: Var, i_extent: int, k_blocks: int, bl: Blocking)
     return blocks
 
 
+def block_tiles(plan, k_blocks: int, bl: Blocking) -> tuple:
+    """``(tiles, most)``: ``plan``'s row tiles and the most of them a block
+    may hold (:func:`blocks`, over one of ``k_blocks`` K blocks)."""
+    tiles = -(-plan.i_extent // plan.mr)
+    return tiles, -(-tiles // blocks(plan.accesses, plan.i, plan.j, plan.i_extent, k_blocks, bl))
+
+
 def decide(plan, bl: Blocking):
     """``plan`` (a :class:`~lowering.schedule.tile_plan.TilePlan`) with
     ``row_blocks``, how many blocks of rows, when its column tiles run
@@ -40,9 +47,8 @@ def decide(plan, bl: Blocking):
     threads' equal shares of them do too."""
     if plan.i is None or not plan.columns_first or plan.j_extent <= plan.nr * plan.lanes:
         return plan
-    tiles = -(-plan.i_extent // plan.mr)
     kb = plan.k_blocks.count if plan.k_blocks is not None and plan.k_blocks.in_place else 1
-    most = -(-tiles // blocks(plan.accesses, plan.i, plan.j, plan.i_extent, kb, bl))
+    tiles, most = block_tiles(plan, kb, bl)
     if most == tiles:
         return plan
     threads = bl.target.threads
