@@ -25,7 +25,10 @@ One :class:`Kernel` holds, for one program:
 - ``flops`` (forward + backward GEMM flops, multiply-add = 2) or ``bytes``
   (the least memory traffic a loss + gradients pass needs); ``limit`` says
   which machine limit the kernel is compared with: ``"fma"`` the FMA peak
-  for its dtype, ``"bandwidth"`` the copy bandwidth.
+  for its dtype, ``"bandwidth"`` the copy bandwidth;
+- ``products``: the stages of the te program as lowered that hold those
+  flops (``te.cost``'s ``stage_iterations`` counts their multiply-adds), for
+  the products' own rate (``stage_rates.py``).
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ class Kernel:
     bytes: float = 0.0             # minimal bytes moved by loss + gradients
     limit: str = ""                # "fma", "bandwidth" or "" (none)
     int_inputs: tuple = field(default=())
+    products: tuple = ()           # lowered stages holding the GEMM flops
 
     @property
     def names(self) -> tuple:
@@ -127,7 +131,7 @@ def matmul_kernel(n: int = 256, dtype: str = "float32") -> Kernel:
         numpy=_matmul_np, te=_matmul_te,
         jax=lambda m: lambda A, B, H: m.np.sum((A @ B) * H),
         torch=lambda m: lambda A, B, H: ((A @ B) * H).sum(),
-        dtype=dtype, flops=3 * 2 * n ** 3, limit="fma")
+        dtype=dtype, flops=3 * 2 * n ** 3, limit="fma", products=("C", "dA", "dB"))
 
 
 # ---------------------------------------------------------------- 2. dense + bias + relu
@@ -225,7 +229,7 @@ def conv_kernel(n: int = 8, c: int = 32, h: int = 28) -> Kernel:
                             H=_normal(r, (n, c, h, h))),
         numpy=_conv_np, te=_conv_te, jax=_conv_jax,
         torch=lambda m: lambda X, Wt, H: (m.nn.conv2d(X, Wt, padding=1) * H).sum(),
-        flops=3 * 2 * n * c * h * h * c * k * k, limit="fma")
+        flops=3 * 2 * n * c * h * h * c * k * k, limit="fma", products=("conv", "dXp", "dWt"))
 
 
 # ---------------------------------------------------------------- 4. maxpool 2×2 / 2
@@ -483,7 +487,8 @@ def mlp_kernel(batch: int = 128) -> Kernel:
                             W2=_normal(r, (MO, MH), MH ** -0.5), b2=_normal(r, MO, 0.1), X=_normal(r, (batch, MI)),
                             L=r.integers(0, MO, batch)),
         numpy=_mlp_np, te=_mlp_te, jax=_mlp_jax, torch=_mlp_torch,
-        head=False, flops=2 * 2 * batch * MI * MH + 3 * 2 * batch * MH * MO, limit="fma", int_inputs=("L",))
+        head=False, flops=2 * 2 * batch * MI * MH + 3 * 2 * batch * MH * MO, limit="fma", int_inputs=("L",),
+        products=("h", "logits.r1", "dh", "dW1", "dW2"))
 
 
 # ---------------------------------------------------------------- 11. embedding

@@ -72,7 +72,8 @@ def attention_kernel(T: int) -> Kernel:
         make=lambda r: {n: r.standard_normal(shape) for n in ("Q", "K", "V", "H")},
         numpy=_attention_np, te=_attention_te, jax=_attention_jax,
         torch=lambda m: lambda Q, K, V, H: (m.nn.scaled_dot_product_attention(Q[None], K[None], V[None])[0] * H).sum(),
-        flops=6 * 2 * HEADS * T * T * HEAD_SIZE, limit="fma")
+        flops=6 * 2 * HEADS * T * T * HEAD_SIZE, limit="fma",
+        products=("scores.r1", "out", "dsoftmax", "dQ", "dK", "dV"))
 
 
 # ---------------------------------------------------------------- depthwise 3×3 convolution

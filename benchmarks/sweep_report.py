@@ -15,6 +15,7 @@ from .peers import LABELS, PEERS
 from .report import COLORS, _compile, _ms, _ok, ratio_line, summarise
 from .roofline import REASONS, cache_level, footprint, percent
 from .sizes import FAMILIES, kernel_for, parse_case
+from .stage_rates import cell as products_cell
 
 
 def _percents(rates: list, level: str, wider: bool) -> str:
@@ -30,7 +31,11 @@ def sweep_markdown(run: dict, mach: dict, limits: dict, sweep: list) -> list:
          "kernels below; **peer / te** = the fastest correct peer's ms ÷ te's (> 1: te-autodiff is faster). *data*: "
          "the bytes of the inputs and gradients and the innermost cache that holds them when the threads share the "
          f"work ({run['threads']} thread(s)); *% of peak*: GFLOP/s of the GEMM flops against the FMA peak of the "
-         "dtype, GB/s of the least bytes moved against the copy bandwidth (the depthwise convolution counts both).",
+         "dtype, GB/s of the least bytes moved against the copy bandwidth (the depthwise convolution counts both); "
+         "*te products alone*: the multiply-adds of the stages that compute products against the FMA peak, each "
+         "stage run alone (`kernel.profile`, `benchmarks/stage_rates.py`), all of them and the slowest product (or "
+         "products computed together); a whole pass also pays for packing copies, elementwise stages and data "
+         "earlier stages pushed out of the caches.",
          ""]
     groups = {}
     for row in rows:
@@ -40,7 +45,8 @@ def sweep_markdown(run: dict, mach: dict, limits: dict, sweep: list) -> list:
         wider_jax = capped and FAMILIES[family].matrix
         L += [f"### {family} ({k0.dtype})", ""]
         head = ["case", "data", "te"] + [LABELS[p] + (" †" if p == "jax" and wider_jax else "") for p in others] + \
-            ["fastest peer", "peer / te", "te % of peak", "peer % of peak", "te build s"]
+            ["fastest peer", "peer / te", "te % of peak", "peer % of peak"] + \
+            (["te products alone"] if k0.products else []) + ["te build s"]
         L.append("| " + " | ".join(head) + " |")
         L.append("|:---|---:|" + "---:|" * (len(head) - 2))
         for row in family_rows:
@@ -53,6 +59,8 @@ def sweep_markdown(run: dict, mach: dict, limits: dict, sweep: list) -> list:
             cells.append(f"**{row['ratio']:.2f}**" if row["ratio"] else "–")
             cells.append(_percents(row.get("te_rates", []), level, False))
             cells.append(_percents(row.get("peer_rates", []), level, wider_jax and row["fastest"] == "jax"))
+            if k0.products:
+                cells.append(products_cell(row["te"] or {}, limits, k.dtype))
             cells.append(_compile(row["te"]))
             L.append("| " + " | ".join(cells) + " |")
         L.append("")

@@ -115,6 +115,9 @@ def run_kernel(peer: str, kernel_id: int, quick: bool, threads: int, steps=None,
     res.update(errors=errs, grad_rel_err=grad_err, loss_rel_err=loss_err, max_rel_err=worst,
                correct=bool(worst <= TOL[kernel.dtype]),
                deterministic=identical(first, last), status="ok")
+    if peer == "te" and case and kernel.products:      # after the timing: the products alone
+        from .stage_rates import measure as measure_products
+        res["products"] = measure_products(kernel, arrays)
     return res
 
 

@@ -30,10 +30,11 @@ def _innermost(loop: For) -> bool:
 
 
 class _Counting:
-    """The counting version of one stage's statements."""
+    """The counting version of one stage's statements: they add to
+    ``counter[slot]``, the stage's own count."""
 
-    def __init__(self, counter: Buffer, stage: str, sorts: frozenset):
-        self.counter, self.stage, self.sorts = counter, stage, sorts
+    def __init__(self, counter: Buffer, slot: int, stage: str, sorts: frozenset):
+        self.counter, self.slot, self.stage, self.sorts = counter, const(slot, dt.INDEX), stage, sorts
         self.kept = set()           # let-bound locals the counting program computes
 
     def bound_ok(self, e) -> bool:
@@ -52,9 +53,9 @@ class _Counting:
     def for_(self, s: For):
         if not (self.bound_ok(s.lo) and self.bound_ok(s.extent)):
             raise ValueError(f"te.cost: a loop bound in stage '{self.stage}' depends on tensor data")
-        zero = const(0, dt.INDEX)
         if _innermost(s):
-            return Store(self.counter, zero, add(BufLoad(self.counter, zero), maximum(s.extent, zero)))
+            slot = self.slot
+            return Store(self.counter, slot, add(BufLoad(self.counter, slot), maximum(s.extent, const(0, dt.INDEX))))
         body = self(s.body)
         return None if body is None else For(s.var, s.lo, s.extent, Block((body,)))
 
@@ -92,15 +93,18 @@ def _even_starts(st: Stage) -> Stage:
                                               Block((fill,)), "parallel"))
 
 
-def count_iterations(program: Program) -> int:
-    """Exact number of innermost loop-body executions of ``program``."""
-    counter = Buffer("count", (1,), dt.INDEX, "output")
-    zero = const(0, dt.INDEX)
+def stage_iterations(program: Program) -> list:
+    """``[(stage name, innermost loop-body executions)]``, one per stage of
+    ``program`` in order (a scan's step counted over all its steps)."""
+    n = len(program.stages)
+    counter = Buffer("count", (max(n, 1),), dt.INDEX, "output")
     sorts = [st for st in program.stages if st.sort is not None]
     sort_buffers = frozenset(st.buffer for st in sorts)
-    stages = [Stage("zero", counter, Store(counter, zero, zero))]
-    for st in program.stages:
-        body = _Counting(counter, st.name, sort_buffers)(st.body)
+    slot, zero = var("slot", (0, counter.size)), const(0, dt.INDEX)
+    stages = [Stage("zero", counter, For(slot, zero, const(counter.size, dt.INDEX),
+                                         Block((Store(counter, slot, zero),))))]
+    for k, st in enumerate(program.stages):
+        body = _Counting(counter, k, st.name, sort_buffers)(st.body)
         if body is not None:
             stages.append(Stage(st.name, counter, body, step=st.step))
         if st.sort is not None:
@@ -109,4 +113,4 @@ def count_iterations(program: Program) -> int:
     counting = Program(f"count_{program.name}", (counter,) + tuple(sort_buffers) + clocks, tuple(stages),
                        (counter,), ())
     storage = execute(counting, compile_program(counting, host_target()), [])
-    return int(storage[counter][0])
+    return [(st.name, int(c)) for st, c in zip(program.stages, storage[counter])]

@@ -518,7 +518,8 @@ def _copies(loop: For, load: BufLoad) -> bool:
 
 
 def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) -> Stage:
-    """``reader`` computing ``p``'s element at the top of ``loop`` instead of loading it."""
+    """``reader`` computing ``p``'s element at the top of ``loop`` instead of
+    loading it; named after both (``dXp+dX``), as stages fused side by side are."""
     *lets, store = p.body.stmts
     code = rename(Block(tuple(lets) + (Alloc(Local(p.stage.name, store.value.dtype), store.value, True),)),
                     mapping)
@@ -526,7 +527,7 @@ def _inlined(p: _Shape, reader: Stage, loop: For, mapping: dict, load: BufLoad) 
     local = code.stmts[-1].local
     inside = map_stmt(loop.body, lambda e: substitute(e, {load: local}))
     stmts = _computed_once(code.stmts + _stmts(inside), _names(reader.body) | _names(code))
-    return Stage(reader.name, reader.buffer, _replace(reader.body, loop, _with_body(loop, stmts)))
+    return Stage(f"{p.stage.name}+{reader.name}", reader.buffer, _replace(reader.body, loop, _with_body(loop, stmts)))
 
 
 def fuse(program: Program, splits=lambda extents: True) -> Program:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from te_autodiff.tensor import check_name
 
 from . import llvm_process
-from .cost import count_iterations
+from .cost import stage_iterations
 from .fuse import fuse
 from .loop_ir import Program
 from .lower import lower, validate
@@ -76,18 +76,26 @@ def build(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Ke
 def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
     """``te.cost``.  ``iterations``, ``temp_bytes`` and ``stages`` count the
     program as lowered (step 1, ``counted: "lowered"``): the algorithm's
-    work, the same on every target.  ``built`` gives the temporaries and
+    work, the same on every target; ``stage_iterations`` splits
+    ``iterations`` into ``(stage name, count)`` pairs, one per lowered stage
+    in order (a product's stage counts its multiply-adds).  ``built`` gives the temporaries and
     stages of the fused and scheduled program ``te.build`` compiles for
     ``target`` (packed panels and K-block partial sums add temporaries,
-    fusion removes some, padded rows make some larger)."""
+    fusion removes some, padded rows make some larger), and the iterations
+    of each fused stage: a stage computing a producer's values in its own
+    loops counts only those it reads; the schedule then splits stages into
+    pieces (``.parts``, ``.interior``...) and adds copies, not counted."""
     p = lower_for(inputs, outputs, None, store, recompute, target)
+    by_stage = stage_iterations(p.plain)
     return {
         "counted": "lowered",
-        "iterations": count_iterations(p.plain),
+        "iterations": sum(n for _, n in by_stage),
+        "stage_iterations": by_stage,
         "temp_bytes": p.plain.temp_bytes,
         "output_bytes": sum(b.nbytes for b in p.plain.buffers if b.kind == "output"),
         "input_bytes": sum(b.nbytes for b in p.plain.inputs),
         "stages": len(p.plain.stages),
         "built": {"target": p.target.name, "temp_bytes": p.scheduled.temp_bytes,
-                  "stages": len(p.scheduled.stages)},
+                  "stages": len(p.scheduled.stages),
+                  "stage_iterations": stage_iterations(fuse(p.plain, splits_reduction))},
     }

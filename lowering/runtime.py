@@ -559,6 +559,37 @@ def _raise_check(program: Program, code: int, index: int):
                      f"'{tensor}' (extent {extent}); the index was read from tensor data")
 
 
+@dataclass(frozen=True)
+class StageTime:
+    """One entry of :meth:`Kernel.profile`: ``stages`` (names as in
+    ``scheduled_ir``) run by one native call, ``name`` their names joined,
+    the least wall time in ``seconds``; ``steps``: time steps of a scan's
+    loop (its stages run together, every step), else 1; ``threads``: how
+    many threads shared the work."""
+
+    name: str
+    seconds: float
+    stages: tuple
+    steps: int
+    threads: int
+
+    def __str__(self):
+        return f"{self.name}: {self.seconds * 1e3:.4g} ms, {self.threads} thread(s)" + \
+            (f", {self.steps} steps" if self.steps > 1 else "")
+
+
+def stage_runs(program: Program) -> list:
+    """``[(first, last)]``: each stage alone, but the stages of one scan's
+    time loop together (a step's stage cannot run outside its loop)."""
+    runs = []
+    for k, st in enumerate(program.stages):
+        if st.step is not None and runs and program.stages[runs[-1][0]].step is st.step:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    return runs
+
+
 class _Runner:
     """A kernel's calls with the per-call work precomputed: the buffer table
     (one per calling thread, its temporaries' slots filled in once: one
@@ -641,7 +672,9 @@ class _Runner:
         return call, d.addresses
 
     def steps(self, threads: int) -> list:
-        """``[(first, last)]`` stretches for ``run_stages`` and ``(plan, chunks)`` split stages."""
+        """``[(first, last, chunks)]``: stages ``first .. last - 1`` in one
+        ``run_stages`` call (``chunks`` None), or the one stage ``first``
+        split across the thread pool in ``chunks``."""
         steps = self.steps_for.get(threads)
         if steps is None:
             steps, start = [], 0
@@ -649,11 +682,11 @@ class _Runner:
                 # a scan's step runs inside run_stages' time loop, on one thread here
                 if plan.splittable and threads > 1 and self.program.stages[k].step is None:
                     if start < k:
-                        steps.append((start, k))
-                    steps.append((plan, _chunks(plan.extent, threads, plan.align)))
+                        steps.append((start, k, None))
+                    steps.append((k, k + 1, _chunks(plan.extent, threads, plan.align)))
                     start = k + 1
             if start < len(self.plans):
-                steps.append((start, len(self.plans)))
+                steps.append((start, len(self.plans), None))
             self.steps_for[threads] = steps
         return steps
 
@@ -703,29 +736,58 @@ class _Runner:
         if measure:
             self.split_choice.record(way, time.perf_counter() - start)
 
-    def run_split(self, table, err, threads: int):
-        """Run every stage, those planned to split across ``threads``."""
-        if self.compiled.openmp and _gomp_team:         # the whole kernel in one native call
+    def run_split(self, table, err, threads: int, first: int = 0, last: int | None = None):
+        """Run stages ``first .. last - 1`` (every stage by default), those
+        planned to split across ``threads``.  A range starts and ends outside
+        a scan's time loop (``run_stages`` opens the loop at its first stage)."""
+        last = len(self.plans) if last is None else last
+        if self.compiled.openmp and _gomp_team:         # the whole range in one native call
             if len(err) < 2 * threads:
                 err = self.local.err = (ctypes.c_int64 * (2 * threads))()
-            self.compiled.run_stages(table, 0, len(self.plans), err, threads, self.split_flags(threads))
+            self.compiled.run_stages(table, first, last, err, threads, self.split_flags(threads))
             self.raise_failed(err, threads)
             return
-        for step in self.steps(threads):
-            if isinstance(step[0], int):
-                self.compiled.run_stages(table, step[0], step[1], err, 1, self.split_flags(1))
+        for lo, hi, chunks in self.steps(threads):
+            lo, hi = max(lo, first), min(hi, last)
+            if lo >= hi:
+                continue
+            if chunks is None:
+                self.compiled.run_stages(table, lo, hi, err, 1, self.split_flags(1))
                 self.raise_failed(err, 1)
             else:
-                plan, chunks = step
+                plan = self.plans[lo]
                 errors = (ctypes.c_int64 * (2 * len(chunks)))()
                 address = ctypes.addressof(errors)
                 pool = _thread_pool()
-                futures = [pool.submit(plan.fn, table, lo, hi, address + 16 * c)
-                           for c, (lo, hi) in enumerate(chunks) if c]
+                futures = [pool.submit(plan.fn, table, a, b, address + 16 * c)
+                           for c, (a, b) in enumerate(chunks) if c]
                 plan.fn(table, chunks[0][0], chunks[0][1], address)
                 for f in futures:
                     f.result()
                 self.raise_failed(errors, len(chunks))
+
+    def profile(self, arrays, repeat: int) -> list:
+        """:meth:`Kernel.profile` on checked ``arrays``."""
+        table, err = self.table()
+        for k, a in zip(self.input_slots, arrays):
+            table[k] = data_address(a)
+        outputs = [_fresh(nbytes, shape, dtype, self.align) for k, nbytes, shape, dtype in self.outputs]
+        for (k, *_), (_, address) in zip(self.outputs, outputs):
+            table[k] = address
+        threads = num_threads()
+        self.run_split(table, err, threads)             # every temporary now holds what later stages read
+        times = []
+        for first, last in stage_runs(self.program):
+            best = math.inf
+            for _ in range(repeat):
+                start = time.perf_counter()
+                self.run_split(table, err, threads, first, last)
+                best = min(best, time.perf_counter() - start)
+            names = tuple(st.name for st in self.program.stages[first:last])
+            step = self.program.stages[first].step
+            times.append(StageTime(", ".join(names), best, names, 1 if step is None else step.extent,
+                                   threads if any(self.plans[k].splittable for k in range(first, last)) else 1))
+        return times
 
     def raise_failed(self, err, slots: int):
         """Raise the first failed check reported in ``err`` (``slots`` pairs),
@@ -853,6 +915,20 @@ class Kernel:
         elif fast is False:
             self._native()
         return self._run(self._check(arrays))
+
+    def profile(self, *arrays, repeat: int = 5) -> list:
+        """Where a call's time goes: a list of :class:`StageTime`, one per
+        stage of ``scheduled_ir`` in order (a scan's time loop is one entry).
+        The kernel runs once on ``arrays``, so every temporary holds what the
+        later stages read; then each stage runs ``repeat`` times alone, with
+        the threads a call uses, and keeps its least time.  A stage run alone
+        finds its inputs in cache more often than in a call, where earlier
+        stages pushed them out; each entry adds a native call's overhead."""
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise ValueError(f"kernel '{self.name}'.profile: repeat must be a positive integer, got {repeat!r}")
+        if not isinstance(self._run, _Runner):
+            self._run(arrays)                           # raises why this kernel cannot run here
+        return self._run.profile(self._check(arrays), repeat)
 
     @property
     def output_layout(self) -> list:

@@ -92,8 +92,13 @@ def test_size_sweep_quick_run(tmp_path):
     assert limits["fma_f32_gflops"] > 0 and limits["fma_f64_gflops"] > 0 and limits["sgemm_gflops"] > 0
     report = (tmp_path / "RESULTS.md").read_text()
     for text in ("## Peaks", "FMA peak float32", "### matmul (float32)", "### elementwise_f64 (float64)",
-                 "matmul 16³", "% FMA peak", "% copy"):
+                 "matmul 16³", "% FMA peak", "% copy", "te products alone"):
         assert text in report, text
+    products = runs["matmul:16", "te"]["products"]          # the products timed alone, each a group
+    assert products["missing"] == []
+    assert sorted(p for g in products["groups"] for p in g["products"]) == ["C", "dA", "dB"]
+    assert all(g["seconds"] > 0 and g["flops"] == 2 * 16 ** 3 for g in products["groups"])
+    assert "products" not in runs["depthwise:1x4x6", "te"]   # a family without products
     assert "## Median forward" not in report                   # no kernels were run
 
 
@@ -145,3 +150,47 @@ def test_sweep_cases_and_cache_levels():
     assert percent(dict(frac=1.5, tag="copy"), "L2") == "150.0% copy (data in L2)"
     assert percent(dict(frac=1.2, tag="copy"), "memory") == "120.0% copy (copy figure low)"
     assert percent(dict(frac=1.1, tag="FMA peak"), "L1", wider_than_target=True).endswith("(wider vectors)")
+
+
+def test_a_scheduled_stage_holds_a_product_or_its_pieces_never_its_copy():
+    from benchmarks.stage_rates import groups, holds
+
+    assert holds("C", "C") and holds("dWt.sums", "dWt") and holds("conv.interior", "conv")
+    assert holds("conv%2=1", "conv") and holds("scores.r1", "scores.r1") and holds("loss.parts1", "loss")
+    assert holds("conv.interior%4=3", "conv")
+    for part, product in (("dh.r1.packed", "dh"), ("dh.r1", "dh"), ("C.packed1", "C"), ("Cx", "C"),
+                          ("dh", "dh.r1"), ("conv.interiorx", "conv")):
+        assert not holds(part, product), (part, product)
+    entries = [("B.packed", 1.0), ("C", 2.0), ("dXp+dX", 3.0), ("dWt.sums", 4.0), ("dWt", 5.0),
+               ("h, gates", 6.0), ("gates.packed", 7.0)]
+    found = groups(entries, ("C", "dXp", "dWt", "gates", "absent"))
+    assert sorted((tuple(n), tuple(p), s) for n, p, s in found) == [
+        (("C",), ("C",), 2.0), (("dWt.sums", "dWt"), ("dWt",), 9.0),
+        (("dXp+dX",), ("dXp",), 3.0), (("h, gates",), ("gates",), 6.0)]
+    assert groups([("A+B", 1.0), ("B.sums", 2.0), ("A.interior", 3.0)], ("A", "B")) == \
+        [(["A+B", "B.sums", "A.interior"], ["A", "B"], 6.0)]          # products computed together: one group
+
+
+def test_every_family_names_the_stages_holding_its_gemm_flops():
+    """``Kernel.products`` are stages of the lowered program whose
+    multiply-adds are the kernel's GEMM flops, and the scheduled program
+    holds each of them (a renamed stage would leave a product unfound)."""
+    import te_autodiff as te
+    from benchmarks.sizes import FAMILIES
+    from benchmarks.stage_rates import groups
+    from lowering.pipeline import lower_for
+
+    with_products = 0
+    for name, family in FAMILIES.items():
+        for size in family.sizes[:2]:
+            kernel = family.make(*size)
+            if not kernel.products:
+                continue
+            with_products += 1
+            inputs, outputs = kernel.te_program(te)
+            iterations = dict(te.cost(inputs, outputs)["stage_iterations"])
+            assert 2 * sum(iterations[p] for p in kernel.products) == kernel.flops, (name, size)
+            scheduled = lower_for(inputs, outputs).scheduled
+            found = groups([(st.name, 1.0) for st in scheduled.stages], kernel.products)
+            assert sorted(p for g in found for p in g[1]) == sorted(kernel.products), (name, size)
+    assert with_products == 10                       # matmul, matmul_f64, mlp, conv2d, attention at two sizes

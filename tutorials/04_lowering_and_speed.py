@@ -8,7 +8,8 @@ nothing to tune -- and LLVM compiles the result (`lowering/pipeline.py`
 runs these steps in this order).  We follow a convolution gradient through
 the schedule, see how the register tile follows from the CPU, watch fusion
 put an elementwise forward, loss and gradient into one pass, time both
-against numpy, and learn to read the benchmark table.
+against numpy, see where the time goes stage by stage, and learn to read
+the benchmark table.
 
 Run it:  python tutorials/04_lowering_and_speed.py
 """
@@ -83,13 +84,13 @@ print(stage_text(plain, grad_stage))
 #    vector is used by every row and the accumulators stay in registers;
 #  * parallel root: the outermost tile loop is split across threads;
 #  * fusion (before all that): dX only copies dXp without its border, so
-#    dXp is computed inside dX, for the elements dX reads (step 4 shows
-#    fusion on its own).
+#    dXp is computed inside dX, for the elements dX reads: one stage named
+#    after both, `dXp+dX` (step 4 shows fusion on its own).
 here = te.target()
 scheduled = schedule_program(plain, here)
 print(f"\nStep 2: the stages after fusion and the schedule, for this machine ({here.cpu})")
 print("  stages:", ", ".join(st.name for st in scheduled.stages))
-print(stage_text(scheduled, "dX", limit=40))
+print(stage_text(scheduled, "dXp+dX", limit=40))
 
 # Step 3 -- the target.  Every figure of the schedule comes from one
 # description of the CPU, `te.target()` (this machine, or the TE_TARGET
@@ -228,7 +229,26 @@ print(f"  te-autodiff {te_ms:7.3f} ms  ({flops / te_ms / 1e6:6.1f} GFLOP/s)")
 print(f"  numpy       {np_ms:7.3f} ms  ({flops / np_ms / 1e6:6.1f} GFLOP/s)")
 print("  (best of 30 calls; on a busy machine every timing is noisy)")
 
-# Step 7 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
+# Step 7 -- where the time goes.  `kernel.profile(x, w, h)` runs the kernel
+# once (filling its temporaries), then each stage of the scheduled program
+# alone, a few times, and keeps each one's least time.  The names are those
+# of `kernel.scheduled_ir`: `Xp` pads the input, `W.packed` and `H.packed`
+# copy operands into panels the products read contiguously, `dXp+dX` is the
+# data gradient computed only where `dX` reads it (the padding's border is
+# never computed), and the weight gradient runs as K-block partial sums
+# (`dW.sums`) that `dW` adds up.  `te.cost` counts each fused stage's
+# innermost iterations (`["built"]["stage_iterations"]`): for a product,
+# its multiply-adds, so the products' own GFLOP/s follow.
+work = dict(te.cost(inputs, outputs)["built"]["stage_iterations"])
+entries = kernel.profile(x, w, h)
+print("\nStep 7: where the time goes, each stage alone")
+for entry in entries:
+    print(f"  {entry.name:9s} {entry.seconds * 1e3:7.3f} ms  on {entry.threads} thread(s)")
+for product in ("Y", "dXp+dX", "dW"):
+    seconds = sum(e.seconds for e in entries if e.name.split(".")[0] == product)   # dW.sums is part of dW
+    print(f"  {product:9s} {2 * work[product] / seconds / 1e9:6.1f} GFLOP/s")
+
+# Step 8 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
 # -e .[bench]`) runs fifteen forward + backward kernels in te-autodiff, numpy,
 # JAX and PyTorch, each peer in its own process, and writes
 # benchmarks/<isa>/RESULTS.md, one report per instruction set (avx2,
@@ -246,7 +266,7 @@ print("  (best of 30 calls; on a busy machine every timing is noisy)")
 #  * the geometric mean of peer / te summarises the fifteen kernels.
 isa = {64: "avx512", 32: "avx2"}.get(here.vector_bytes, "sse") if here.x86 else "neon"
 results = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / isa / "RESULTS.md"
-print(f"\nStep 7: reading benchmarks/{isa}/RESULTS.md (the report for this machine's instruction set)")
+print(f"\nStep 8: reading benchmarks/{isa}/RESULTS.md (the report for this machine's instruction set)")
 if results.exists():
     lines = results.read_text().splitlines()
     rows = lines[next(k for k, ln in enumerate(lines) if ln.startswith("|")):]
