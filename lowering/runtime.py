@@ -418,27 +418,31 @@ class _SplitChoice:
     scheduler slice, milliseconds, where the kernel may take microseconds),
     which only a measurement tells.  The first call runs the plan untimed
     (it touches new temporaries and starts the thread team: not a measure
-    of either way); the next two try both ways; then each call runs the
-    faster one and now and then one runs the other (a probe), so a change
-    of the machine's load is followed.  A way's time is the least of its
-    last ``RECENT`` calls: single calls are noisy (a first call touching
-    fresh pages can take several times a warm one), one fast call shows a
-    way can be fast, and the way in use turns slow only when its last few
-    calls all were.  A probe comes ``FIRST`` calls after the last until the
-    losing way has been timed ``RECENT`` times; then one that loses again
-    comes half as often, down to one call in ``LAST``.  Results are the same bits either
-    way.  Threads calling one kernel at once share its choice: a lock keeps
-    each step whole, and a call's time may arrive after later calls chose."""
+    of either way); then each way runs ``RECENT`` calls in a row, and each
+    call runs the faster one, and now and then the other runs ``RECENT``
+    calls in a row (a probe), so a change of the machine's load is followed.
+    A way is timed in runs, never by a lone call: the first split call after
+    calls on one thread wakes threads that went to sleep (``GOMP_SPINCOUNT``
+    ran out), a cost the calls after it do not pay; a lone probe would pay
+    it every time, lose every time, and keep a kernel on one thread for
+    good.  A way's time is the least of its last ``RECENT`` calls: one fast
+    call shows a way can be fast, and the way in use turns slow only when
+    its last few calls all were.  A probe comes ``FIRST`` calls after the
+    last; one that loses comes half as often, down to one in ``LAST``.
+    Results are the same bits either way.  Threads calling one kernel at
+    once share its choice: a lock keeps each step whole, and a call's time
+    may arrive after later calls chose."""
 
     FIRST, LAST = 16, 1024      # calls between probes
     WARM = 1                    # first calls, run as planned, whose times are not kept
-    RECENT = 3                  # calls of a way whose least time is its time
+    RECENT = 3                  # calls of a way in a row, whose least time is its time
 
     def __init__(self):
         self.calls = 0
         self.recent = (deque(maxlen=self.RECENT), deque(maxlen=self.RECENT))   # not splitting / splitting
         self.interval = self.FIRST
-        self.probe_at = self.WARM + 2 + self.FIRST
+        self.probe_at = self.WARM + 2 * self.RECENT + self.FIRST
+        self.probing, self.left, self.timed = None, 0, 0    # a probe's way, calls to choose, calls ended
         self.lock = threading.Lock()
 
     def seconds(self, way: int) -> float:
@@ -452,20 +456,29 @@ class _SplitChoice:
             n, self.calls = self.calls, self.calls + 1
             if n < self.WARM:
                 return 1
-            if n < self.WARM + 2 or not all(self.recent):
-                return (n - self.WARM) % 2
-            return 1 - self.best() if n >= self.probe_at else self.best()
+            if n < self.WARM + 2 * self.RECENT or not all(self.recent):
+                return (n - self.WARM) // self.RECENT % 2
+            if self.left:
+                self.left -= 1
+                return self.probing
+            if n >= self.probe_at:
+                self.probing, self.left, self.timed, self.probe_at = 1 - self.best(), self.RECENT - 1, 0, math.inf
+                return self.probing
+            return self.best()
 
-    def record(self, way: int, seconds: float):
+    def record(self, way: int, seconds: float | None):
+        """A call's time (None: it raised, so it is not timed)."""
         with self.lock:
             if self.calls <= self.WARM:
                 return
-            probe = all(self.recent) and way != self.best()
-            self.recent[way].append(seconds)
-            if probe:                           # it lost if still slower, timed often enough to believe
-                lost = way != self.best() and len(self.recent[way]) == self.RECENT
-                self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
-                self.probe_at = self.calls + self.interval
+            if seconds is not None:
+                self.recent[way].append(seconds)
+            if way == self.probing:
+                self.timed += 1
+                if self.timed == self.RECENT:      # the probe has run: it lost if its way is still the slower
+                    lost = way != self.best()
+                    self.interval = min(2 * self.interval, self.LAST) if lost else self.FIRST
+                    self.probe_at, self.probing = self.calls + self.interval, None
 
 
 # ----------------------------------------------------------------- execution
@@ -731,10 +744,13 @@ class _Runner:
         threads = num_threads()
         measure = self.split_choice is not None and threads > 1
         way = self.split_choice.choose() if measure else 1
-        start = time.perf_counter()
-        self.run_split(table, err, threads if way else 1)
-        if measure:
-            self.split_choice.record(way, time.perf_counter() - start)
+        start, seconds = time.perf_counter(), None
+        try:
+            self.run_split(table, err, threads if way else 1)
+            seconds = time.perf_counter() - start
+        finally:
+            if measure:
+                self.split_choice.record(way, seconds)
 
     def run_split(self, table, err, threads: int, first: int = 0, last: int | None = None):
         """Run stages ``first .. last - 1`` (every stage by default), those

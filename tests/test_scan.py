@@ -551,10 +551,11 @@ def test_stages_are_split_only_while_splitting_pays(rng):
     """A kernel's planned splits run only while its own calls show they are
     faster than running every stage on the calling thread
     (runtime._SplitChoice): the first call runs the plan untimed, both ways
-    are tried, the faster kept, the other probed, ever less often once it
-    has lost ``RECENT`` times, and a change of load is followed once the way
-    in use has been slow ``RECENT`` calls in a row; one slow call of either
-    way (fresh pages) decides nothing for long.  Both ways give the same
+    are tried ``RECENT`` calls in a row, the faster kept, the other probed
+    ``RECENT`` calls in a row, ever less often while it loses, and a change
+    of load is followed once the way in use has been slow ``RECENT`` calls
+    in a row; one slow call of either way (fresh pages, or the first split
+    call waking sleeping threads) decides nothing.  Both ways give the same
     bits, the short steps of a time loop included."""
     from lowering.runtime import _SplitChoice
     split = _SplitChoice()
@@ -565,29 +566,61 @@ def test_stages_are_split_only_while_splitting_pays(rng):
         split.record(way, seconds[way])
         return way
 
+    def runs(ways):                 # [(way, calls in a row)]
+        out = []
+        for way in ways:
+            if out and out[-1][0] == way:
+                out[-1] = (way, out[-1][1] + 1)
+            else:
+                out.append((way, 1))
+        return out
+
     assert [call((50.0, 50.0))] == [1]          # the first call runs the plan: its time is not kept
-    assert [call((2.0, 1.0)) for _ in range(2)] == [0, 1]
-    ways = [call((2.0, 1.0)) for _ in range(600)]
-    probes = [k for k, way in enumerate(ways) if way == 0]
-    gaps = np.diff(probes)
+    assert [call((2.0, 1.0)) for _ in range(2 * recent)] == [0] * recent + [1] * recent
+    ways = [call((2.0, 1.0)) for _ in range(1200)]
+    probes = [k for k, (way, n) in enumerate(runs(ways)) if way == 0]
+    assert all(n == recent for way, n in runs(ways) if way == 0)          # a probe is a run of calls
+    starts = [sum(n for _, n in runs(ways)[:k]) for k in probes]
+    gaps = np.diff(starts)
     assert 3 <= len(probes) <= 7 and (gaps[1:] > gaps[:-1]).all()       # ever rarer
     ways = [call((1.0, 6.0)) for _ in range(50)]                         # another process took a core
     assert ways[:recent] == [1] * recent and ways[recent:].count(1) == 0
 
-    split = _SplitChoice()                        # a slow first call of the faster way: probed again soon
-    ways = [call((50.0, 50.0))] + [call((2.0, 30.0 if k < 2 else 1.0)) for k in range(3 * first)]
-    assert ways[:3] == [1, 0, 1] and ways[3:first + 3].count(1) <= 1
-    assert ways[first + 4] == 1 and ways[first + 4:].count(0) <= 1
+    split = _SplitChoice()                        # split calls pay 3.0 after a call on one thread (its
+    previous = [1]                                # threads were asleep), 1.0 after a split call: they win
+
+    def wake(way):
+        seconds = (2.0, 3.0 if previous[0] == 0 else 1.0)[way]
+        previous[0] = way
+        return seconds
+
+    ways = []
+    for _ in range(600):
+        way = split.choose()
+        split.record(way, wake(way))
+        ways.append(way)
+    assert ways[recent + 1:2 * recent + 1] == [1] * recent and ways[2 * recent + 1:].count(0) <= 5 * recent
+
+    split = _SplitChoice()                        # a slow first call of the faster way changes nothing
+    ways = [call((50.0, 50.0))] + [call((2.0, 30.0 if k == recent else 1.0)) for k in range(3 * first)]
+    assert ways[1:2 * recent + 1] == [0] * recent + [1] * recent and ways[2 * recent + 1:first].count(0) == 0
     split = _SplitChoice()                        # one slow call of the way in use changes nothing
-    [call((1.0, 2.0)) for _ in range(3)]
+    [call((1.0, 2.0)) for _ in range(1 + 2 * recent)]
     assert [call((1.0, 2.0) if k != 3 else (9.0, 2.0)) for k in range(10)] == [0] * 10
+    split = _SplitChoice()                        # a call that raised is not timed, and the probe still ends
+    [call((1.0, 2.0)) for _ in range(1 + 2 * recent + first)]
+    probe = [split.choose() for _ in range(recent)]
+    for way in probe:
+        split.record(way, None)
+    assert probe == [1] * recent and split.probing is None and [call((1.0, 2.0)) for _ in range(4)] == [0] * 4
 
     split = _SplitChoice()                        # threads calling at once: times arrive after later choices
     split.record(split.choose(), 9.0)
-    ways = [split.choose() for _ in range(3)]
-    for way in sorted(ways):                      # both calls of one way end before the other's
+    ways = [split.choose() for _ in range(2 * recent)]
+    for way in sorted(ways):                      # the calls of one way end before the other's
         split.record(way, (1.0, 2.0)[way])
-    assert ways == [0, 1, 0] and (split.seconds(0), split.seconds(1)) == (1.0, 2.0) and split.choose() == 0
+    assert ways == [0] * recent + [1] * recent and (split.seconds(0), split.seconds(1)) == (1.0, 2.0)
+    assert split.choose() == 0
 
     ins, Y = elman(12, 32, 128, 64, dtype="float32")
     g = te.gradient(Y, ins)
