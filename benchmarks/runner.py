@@ -31,6 +31,7 @@ from .peer_isa import peer_caps, with_caps
 from .peers import PEERS, installed
 from .report import isa_name, write_outputs
 from .sizes import cases
+from .stage_rates import better as better_products
 from .worker import MARK
 
 HERE = Path(__file__).resolve().parent
@@ -162,7 +163,8 @@ def _better_limits(old, new) -> dict:
 
 def _better_result(old, new) -> dict:
     """The pass with the lower median of one (kernel, peer); correct and
-    deterministic only if every pass was; ``pass_medians_ms`` lists them all."""
+    deterministic only if every pass was; ``pass_medians_ms`` lists them all;
+    the products timed alone at their best over the passes (``stage_rates``)."""
     if old is None:
         return dict(new, pass_medians_ms=[new.get("median_ms")])
     medians = old["pass_medians_ms"] + [new.get("median_ms")]
@@ -171,9 +173,11 @@ def _better_result(old, new) -> dict:
     if old.get("status") != "ok":
         return dict(new, pass_medians_ms=medians)
     best = new if new["median_ms"] < old["median_ms"] else old
-    return dict(best, pass_medians_ms=medians, correct=old["correct"] and new["correct"],
-                deterministic=old["deterministic"] and new["deterministic"],
-                max_rel_err=max(old["max_rel_err"], new["max_rel_err"]))
+    merged = dict(best, pass_medians_ms=medians, correct=old["correct"] and new["correct"],
+                  deterministic=old["deterministic"] and new["deterministic"],
+                  max_rel_err=max(old["max_rel_err"], new["max_rel_err"]))
+    products = better_products(old.get("products"), new.get("products"))
+    return merged if products is None else dict(merged, products=products)
 
 
 def measure_overhead(args) -> dict:
