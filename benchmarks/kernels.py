@@ -27,8 +27,9 @@ One :class:`Kernel` holds, for one program:
   which machine limit the kernel is compared with: ``"fma"`` the FMA peak
   for its dtype, ``"bandwidth"`` the copy bandwidth;
 - ``products``: the stages of the te program as lowered that hold those
-  flops (``te.cost``'s ``stage_iterations`` counts their multiply-adds), for
-  the products' own rate (``stage_rates.py``).
+  flops (their multiply-adds, ``te.cost``'s ``stage_iterations``, are the
+  flops above: a test checks it), for the products' own rate
+  (``stage_rates.py``).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The products' own rate: each GEMM-like stage run alone against the FMA peak.
 
 A whole forward + backward also pays for packing copies, elementwise stages
-and the data earlier stages pushed out of the caches; the issue's question
-"how close to the machine do the products run" needs the products alone.
+and the data earlier stages pushed out of the caches; how close to the
+machine the products themselves run needs them timed alone.
 ``kernel.profile`` times every stage of the scheduled program alone (the
 call's threads, the least of ``REPEAT`` runs); ``te.cost`` counts each fused
 stage's multiply-adds.  A kernel names the lowered stages that hold its GEMM

@@ -57,6 +57,7 @@ import ctypes
 import ctypes.util
 import itertools
 import math
+import numbers
 import os
 import threading
 import time
@@ -940,11 +941,11 @@ class Kernel:
         the threads a call uses, and keeps its least time.  A stage run alone
         finds its inputs in cache more often than in a call, where earlier
         stages pushed them out; each entry adds a native call's overhead."""
-        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        if isinstance(repeat, bool) or not isinstance(repeat, numbers.Integral) or repeat < 1:
             raise ValueError(f"kernel '{self.name}'.profile: repeat must be a positive integer, got {repeat!r}")
         if not isinstance(self._run, _Runner):
             self._run(arrays)                           # raises why this kernel cannot run here
-        return self._run.profile(self._check(arrays), repeat)
+        return self._run.profile(self._check(arrays), int(repeat))
 
     @property
     def output_layout(self) -> list:

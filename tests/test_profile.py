@@ -26,7 +26,7 @@ def test_one_entry_per_scheduled_stage_in_order_and_the_call_unchanged(rng):
     arrays = [rng.standard_normal(t.shape).astype(np.float32) for t in inputs]
     kept = [a.copy() for a in arrays]
     before = kernel(*arrays)
-    entries = kernel.profile(*arrays, repeat=3)
+    entries = kernel.profile(*arrays, repeat=np.int64(3))        # any integer
     assert [e.stages for e in entries] == [(st.name,) for st in kernel.program.stages]
     assert [e.name for e in entries] == [st.name for st in kernel.program.stages]
     assert all(e.seconds > 0 and e.steps == 1 and e.threads >= 1 for e in entries)

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import te_autodiff as te
 from te_autodiff.expr import add, const, minimum, mul, var
 from lowering import runtime
-from lowering.codegen_llvm import stream_min_bytes
+from lowering.codegen_llvm import stream_beyond_bytes, stream_min_bytes
 from lowering.loop_ir import (Alloc, Assign, Block, BufLoad, Buffer, For, If, Local, Prefetch, Simd, Store, expr_text,
                               linear_form, loads_in, stmt_exprs, stmt_text, walk)
 from lowering.lower import lower
@@ -947,12 +947,34 @@ def test_large_outputs_written_once_use_streaming_stores(rng):
     np.testing.assert_allclose(big(xs), np.exp(xs) * 2.0, rtol=2e-6)
     A, B, C = matmul(512, 2 * blocking(te.target()).k_block_panel, 1024)   # B a panel, in two K blocks
     gemm = te.build([A, B], [C])
-    assert "k.b" in gemm.scheduled_ir and "!nontemporal" not in gemm.llvm_ir
+    product = [st.name for st in gemm.program.stages].index("C")
+    functions = {f.split("(")[0]: f for f in gemm.llvm_ir.split("define ")}
+    assert "k.b" in gemm.scheduled_ir and "!nontemporal" not in functions[f"void @stage{product}"]
     y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
     reread = te.build([x], [y, te.compute((n,), lambda i: y[n - 1 - i] * 2.0, name="z")])
     functions = {f.split("(")[0]: f for f in reread.llvm_ir.split("define ")}
     assert "!nontemporal" in functions["void @stage1"]                  # z streams,
     assert "!nontemporal" not in functions["void @stage0"]              # y, read by z, stays cached
+    assert 4 * n < stream_beyond_bytes(te.target())
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_temporary_beyond_the_caches_streams_though_a_later_stage_reads_it(rng, below):
+    """A temporary of at least every thread's L2 and L3 share loses its first
+    lines before its stage ends, so it is written past the caches even
+    though the next stage reads it (no read for ownership); one a vector
+    smaller stays cached (both sides of ``stream_beyond_bytes``)."""
+    lanes = te.target().lanes(4)
+    n = stream_beyond_bytes(te.target()) // 4 - (lanes if below else 0)
+    x = te.placeholder((n,), "float32", "x")
+    y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
+    z = te.compute((n,), lambda i: y[n - 1 - i] * 2.0, name="z")
+    kernel = te.build([x], [z], store=[y])
+    functions = {f.split("(")[0]: f for f in kernel.llvm_ir.split("define ")}
+    assert [st.name for st in kernel.program.stages] == ["y", "z"]
+    assert ("!nontemporal" in functions["void @stage0"]) == (not below)
+    xs = rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_allclose(kernel(xs), (np.exp(xs) * 2.0)[::-1], rtol=2e-6)
 
 
 @pytest.mark.parametrize("name,streams", [("haswell", False), ("skylake-avx512", True)])
@@ -1927,3 +1949,24 @@ def test_a_reduction_over_a_nest_of_loops_is_k_blocked_along_its_outer_loop(rng,
     y = rng.standard_normal(B.shape).astype(np.float32) * 0.05
     want = x.reshape(len(x), -1).astype(np.float64) @ y.reshape(a * b, 40)
     np.testing.assert_allclose(kernel(x, y), want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_scans_step_never_streams_the_slice_the_next_step_reads(rng):
+    """A scan's state beyond the caches is written a step at a time by the
+    stage that reads the step before: it stays cached."""
+    n = 1 << 14
+    T = -(-stream_beyond_bytes(te.target()) // (4 * n)) + 1
+    X, a, S = (te.placeholder(s, "float32", name) for s, name in (((T, n), "X"), ((n,), "a"), ((T, n), "S")))
+    init = te.compute((1, n), lambda t, i: X[0, i], name="init")
+    upd = te.compute((T, n), lambda t, i: a[i] * S[t - 1, i] + X[t, i], name="upd")
+    Y = te.scan(init, upd, S, inputs=[X], name="Y")
+    assert 4 * T * n >= stream_beyond_bytes(te.target())
+    kernel = te.build([X, a], [Y])
+    steps = [k for k, st in enumerate(kernel.program.stages) if st.step is not None]
+    functions = {f.split("(")[0]: f for f in kernel.llvm_ir.split("define ")}
+    assert steps and all("!nontemporal" not in functions[f"void @stage{k}"] for k in steps)
+    xs, av = rng.standard_normal((T, n)).astype(np.float32), (rng.random(n) * 0.9).astype(np.float32)
+    want = xs.astype(np.float64).copy()
+    for t in range(1, T):
+        want[t] = av * want[t - 1] + xs[t]
+    np.testing.assert_allclose(kernel(xs, av), want, rtol=1e-5, atol=1e-5)

@@ -49,7 +49,9 @@ loops are never wider, so no masked operation is split below its width);
 AVX-512 math instructions are used only where the target has them.  On a
 target with streaming stores (x86), full native vectors into an output of at
 least :func:`stream_min_bytes` (the power of two at or above L2) that no
-stage reads back are non-temporal stores when they write whole cache lines
+stage reads back, or into any buffer of at least :func:`stream_beyond_bytes`
+(every thread's L2 and L3 share) that the storing stage does not read,
+are non-temporal stores when they write whole cache lines
 (``_mark_streaming``): they skip the read for ownership a cached store
 costs, a third of a copy's memory traffic; the stage ends with an
 ``sfence``.
@@ -68,8 +70,9 @@ from __future__ import annotations
 from .emitter import INLINE_MATH_USES
 from .modules import compile_weight, emit_modules, partition, stage_groups, stage_symbol
 from .run_stages import RUN_STAGES, chunk_align, root_extent
-from .streaming import stream_min_bytes
+from .streaming import stream_beyond_bytes, stream_min_bytes
 from .vector_idioms import row_groups
 
 __all__ = ["INLINE_MATH_USES", "RUN_STAGES", "chunk_align", "compile_weight", "emit_modules", "partition",
-           "root_extent", "row_groups", "stage_groups", "stage_symbol", "stream_min_bytes"]
+           "root_extent", "row_groups", "stage_groups", "stage_symbol", "stream_beyond_bytes",
+           "stream_min_bytes"]

@@ -194,9 +194,9 @@ class FunctionEmitter(_Emitter, TransposedRows, StreamingStores):
                  inline: bool = True):
         self.module = module
         self.target = target
-        self.buffers, self.loaded = stage_buffers(stage)
+        self.buffers, self.read_here = stage_buffers(stage)
         self.written = {x.buffer for x in walk(stage.body) if isinstance(x, Store)}
-        self.loaded = self.loaded | read           # read by this stage or by another one
+        self.loaded = self.read_here | read        # read by this stage or by another one
         args = [PTR] * len(self.buffers) + [I64, I64, PTR]
         self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
         self.fn.linkage = "internal"

@@ -1,5 +1,6 @@
 """Streaming stores: full vectors into a large output that no stage reads
-back are written past the caches (non-temporal stores, an ``sfence`` at the
+back, or into a buffer too large for the caches a kernel's threads can count
+on, are written past the caches (non-temporal stores, an ``sfence`` at the
 stage's end) when they write whole cache lines, which skips the read for
 ownership a cached store costs."""
 from __future__ import annotations
@@ -17,6 +18,16 @@ def stream_min_bytes(target: Target) -> int:
     return 1 << (target.l2_bytes - 1).bit_length()
 
 
+def stream_beyond_bytes(target: Target) -> int:
+    """Buffers at least this large (every thread's L2 and share of L3) are
+    written with streaming stores even when a later stage reads them: the
+    caches the kernel can count on lose their first lines before the stage
+    ends, so the reader fetches them from memory either way, and the
+    writes skip the read for ownership (attention's T x T temporaries).
+    A scan's state is read by the stage that writes it, so it stays cached."""
+    return (target.l2_bytes + target.l3_bytes) * target.threads
+
+
 class StreamingStores:
     """The emitter's streaming stores (a mixin of ``emitter.FunctionEmitter``)."""
 
@@ -24,12 +35,14 @@ class StreamingStores:
         """A full vector store (one register or several: ``Blocking.math_chains``), a
         candidate for a non-temporal one (past the caches, no read for
         ownership: :meth:`_mark_streaming`) into a large output no stage
-        reads, at an element aligned to the vector (outputs are allocated
-        64-byte aligned)."""
+        reads, or a buffer beyond the caches (:func:`stream_beyond_bytes`)
+        this stage does not read, at an element aligned to the vector
+        (buffers are allocated 64-byte aligned)."""
         form = linear_form(base)
         lanes = value.type.count
-        candidate = (self.target.streaming_stores and buf.kind == "output"
-                     and buf.nbytes >= stream_min_bytes(self.target) and buf not in self.loaded
+        beyond = buf.nbytes >= stream_beyond_bytes(self.target) and buf not in self.read_here
+        written_once = buf.kind == "output" and buf.nbytes >= stream_min_bytes(self.target) and buf not in self.loaded
+        candidate = (self.target.streaming_stores and (written_once or beyond)
                      and lanes * ITEMSIZE[buf.dtype] % self.target.vector_bytes == 0 and form is not None
                      and all(k % lanes == 0 for k in form[0].values()) and form[1] % lanes == 0)
         if not candidate:
