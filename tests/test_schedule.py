@@ -124,6 +124,12 @@ def stage(kernel, name):
     return next(s for s in kernel.program.stages if s.name == name)
 
 
+def stage_llvm(kernel, stage):
+    """The LLVM function of a stage, given by name or position (stage entries are never inlined)."""
+    k = stage if isinstance(stage, int) else [s.name for s in kernel.program.stages].index(stage)
+    return next(f for f in kernel.llvm_ir.split("define ") if f.startswith(f"void @stage{k}("))
+
+
 def has_simd(st):
     return any(isinstance(s, Simd) for s in walk(st.body))
 
@@ -947,14 +953,11 @@ def test_large_outputs_written_once_use_streaming_stores(rng):
     np.testing.assert_allclose(big(xs), np.exp(xs) * 2.0, rtol=2e-6)
     A, B, C = matmul(512, 2 * blocking(te.target()).k_block_panel, 1024)   # B a panel, in two K blocks
     gemm = te.build([A, B], [C])
-    product = [st.name for st in gemm.program.stages].index("C")
-    functions = {f.split("(")[0]: f for f in gemm.llvm_ir.split("define ")}
-    assert "k.b" in gemm.scheduled_ir and "!nontemporal" not in functions[f"void @stage{product}"]
+    assert "k.b" in gemm.scheduled_ir and "!nontemporal" not in stage_llvm(gemm, "C")
     y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
     reread = te.build([x], [y, te.compute((n,), lambda i: y[n - 1 - i] * 2.0, name="z")])
-    functions = {f.split("(")[0]: f for f in reread.llvm_ir.split("define ")}
-    assert "!nontemporal" in functions["void @stage1"]                  # z streams,
-    assert "!nontemporal" not in functions["void @stage0"]              # y, read by z, stays cached
+    assert "!nontemporal" in stage_llvm(reread, "z")                    # z streams,
+    assert "!nontemporal" not in stage_llvm(reread, "y")                # y, read by z, stays cached
     assert 4 * n < stream_beyond_bytes(te.target())
 
 
@@ -970,9 +973,8 @@ def test_a_temporary_beyond_the_caches_streams_though_a_later_stage_reads_it(rng
     y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
     z = te.compute((n,), lambda i: y[n - 1 - i] * 2.0, name="z")
     kernel = te.build([x], [z], store=[y])
-    functions = {f.split("(")[0]: f for f in kernel.llvm_ir.split("define ")}
     assert [st.name for st in kernel.program.stages] == ["y", "z"]
-    assert ("!nontemporal" in functions["void @stage0"]) == (not below)
+    assert ("!nontemporal" in stage_llvm(kernel, "y")) == (not below)
     xs = rng.standard_normal(n).astype(np.float32)
     np.testing.assert_allclose(kernel(xs), (np.exp(xs) * 2.0)[::-1], rtol=2e-6)
 
@@ -1963,8 +1965,7 @@ def test_a_scans_step_never_streams_the_slice_the_next_step_reads(rng):
     assert 4 * T * n >= stream_beyond_bytes(te.target())
     kernel = te.build([X, a], [Y])
     steps = [k for k, st in enumerate(kernel.program.stages) if st.step is not None]
-    functions = {f.split("(")[0]: f for f in kernel.llvm_ir.split("define ")}
-    assert steps and all("!nontemporal" not in functions[f"void @stage{k}"] for k in steps)
+    assert steps and all("!nontemporal" not in stage_llvm(kernel, k) for k in steps)
     xs, av = rng.standard_normal((T, n)).astype(np.float32), (rng.random(n) * 0.9).astype(np.float32)
     want = xs.astype(np.float64).copy()
     for t in range(1, T):
