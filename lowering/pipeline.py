@@ -35,6 +35,7 @@ class Lowered:
     outputs: list
     target: Target
     plain: Program          # as lowered: one stage per stored tensor
+    fused: Program          # stages over one domain fused (te.cost's built counts)
     scheduled: Program      # fused and scheduled: what is compiled
 
 
@@ -45,7 +46,11 @@ def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Pro
     same rows as one (``row_chains.py``; neither fusion without ``fusion``);
     with the loops fixed, integer powers become running products and
     multiplications (``powers.py``)."""
-    fused = fuse(plain, splits_reduction) if fusion else plain
+    return schedule_fused(fuse(plain, splits_reduction) if fusion else plain, target, fusion)
+
+
+def schedule_fused(fused: Program, target: Target, fusion: bool = True) -> Program:
+    """Step 3 of :func:`schedule_program`, on a program already fused."""
     scheduled = schedule(pad_rows(fused, target), target)
     return integer_powers(join_rows(scheduled, target) if fusion else scheduled)
 
@@ -57,8 +62,9 @@ def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -
         check_name(name, "te.build")
     lowered = narrow(outputs, store, recompute)                              # 0b. argmax lane type
     plain = lower(inputs, lowered[0], name, store=lowered[1], recompute=lowered[2])  # 1. -> loop IR
-    scheduled = schedule_program(plain, target)                              # 2-3. fuse, schedule
-    return Lowered(inputs, outputs, target, plain, scheduled)
+    fused = fuse(plain, splits_reduction)                                    # 2. fuse
+    scheduled = schedule_fused(fused, target)                                # 3. schedule
+    return Lowered(inputs, outputs, target, plain, fused, scheduled)
 
 
 def build(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Kernel:
@@ -97,5 +103,5 @@ def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
         "stages": len(p.plain.stages),
         "built": {"target": p.target.name, "temp_bytes": p.scheduled.temp_bytes,
                   "stages": len(p.scheduled.stages),
-                  "stage_iterations": stage_iterations(fuse(p.plain, splits_reduction))},
+                  "stage_iterations": stage_iterations(p.fused)},
     }
