@@ -1560,6 +1560,66 @@ def test_a_reduction_shorter_than_a_vector_takes_narrower_lanes(rng, target, lan
     np.testing.assert_allclose(got, [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))
 
 
+def _enclosing(body, name_start: str) -> list:
+    """The names of the loops around each loop of ``body`` whose variable's
+    name starts with ``name_start``, outermost first (one list per such loop)."""
+    out = []
+
+    def visit(s, around):
+        if isinstance(s, Block):
+            for x in s.stmts:
+                visit(x, around)
+        elif isinstance(s, (For, Simd)):
+            if isinstance(s, For) and s.var.name.startswith(name_start):
+                out.append(around)
+            visit(s.body, around + [s.var.name])
+        elif isinstance(s, If):
+            visit(s.then, around)
+            if s.else_ is not None:
+                visit(s.else_, around)
+    visit(body, [])
+    return out
+
+
+@pytest.mark.parametrize("rows, cols", [(512, 512), (37, 1000), (3, 70000), (2000, 56), (100, 33)])
+def test_a_sum_without_gathers_reads_rows_in_address_order(rng, rows, cols):
+    """A loss ``Σ C[r, c] H[r, c]`` runs in lanes along ``c``, its rows:
+    with no gather, a row's whole vectors are added in turn and the rows go
+    around them (the loop over vectors ``c.b`` inside the loop over ``r``),
+    so the inputs are read in address order (C and H 512 x 512, one thread,
+    AMD EPYC Zen 4: 75 -> 23.5 us, OpenBLAS's sdot 22.7).  The sums match
+    numpy at the size of their terms: whole vectors, a masked rest, rows of
+    one vector or less."""
+    C = te.placeholder((rows, cols), "float32", "C")
+    H = te.placeholder((rows, cols), "float32", "H")
+    r, c = te.reduce_axis(rows, "r"), te.reduce_axis(cols, "c")
+    s = te.compute((1,), lambda _: te.sum(C[r, c] * H[r, c], axis=[r, c]), name="s")
+    kernel = te.build([C, H], [s])
+    if cols >= 2 * kernel.target.lanes(4) and rows > 1:
+        around = _enclosing(kernel.program.stages[0].body, "c.b")
+        assert around and all(any(n.startswith("r") for n in names) for names in around), around
+    x, h = rng.standard_normal((2, rows, cols)).astype(np.float32)
+    terms = x.astype(np.float64) * h
+    np.testing.assert_allclose(kernel(x, h), [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))
+
+
+def test_a_gathering_sum_keeps_its_vectors_loop_outermost(rng):
+    """The other side of the rule above: ``Σ A[c, r] H[r, c]`` gathers ``A``
+    along the lanes' loop ``c`` (rows 4 KiB apart), so the loop over vectors
+    ``c.b`` stays outside the loop over ``r``, whose steps reuse the lines
+    the gather brought in.  The sum matches numpy."""
+    A = te.placeholder((1024, 1024), "float32", "A")
+    H = te.placeholder((1024, 1024), "float32", "H")
+    r, c = te.reduce_axis(1024, "r"), te.reduce_axis(1024, "c")
+    g = te.compute((1,), lambda _: te.sum(A[c, r] * H[r, c], axis=[r, c]), name="g")
+    kernel = te.build([A, H], [g])
+    around = _enclosing(kernel.program.stages[0].body, "r")
+    assert around and any(n.startswith("c.b") for n in around[0]), around
+    a, h = rng.standard_normal((2, 1024, 1024)).astype(np.float32)
+    terms = a.T.astype(np.float64) * h
+    np.testing.assert_allclose(kernel(a, h), [np.sum(terms)], rtol=1e-5, atol=1e-5 * np.sum(np.abs(terms)))
+
+
 def _residue_stages(kernel, name):
     """The stages computing residue classes of ``name`` (alone or in a row chain)."""
     return [st for st in kernel.program.stages if any(part.startswith(f"{name}%") for part in st.name.split("+"))]

@@ -11,10 +11,17 @@ With loops over rows inside the lanes' loop, its vectors start where the
 lines of the input read along it start, found at run time
 (``aligned_grid.py``); gathers that read contiguously along the innermost
 of those loops are read as rows and transposed in registers
-(:func:`~lowering.schedule.vector_width.transposed_lanes`)."""
+(:func:`~lowering.schedule.vector_width.transposed_lanes`).  Without
+gathers, a row's whole vectors are added in turn, the rows around them:
+the input is read in address order, where vectors of one column walked
+down every row of a thread's share re-read lines from L3 or memory once
+per column of vectors (a loss over a large product's output).  A sum over
+nested loops adds runs of at least ``RUN_MIN`` vectors (the fewest
+innermost loops that make one) into its lanes' totals."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import prod
 
 from te_autodiff.expr import Const, Var, add, compare, floordiv, mul, sub, var
 
@@ -27,6 +34,7 @@ from .vector_axis import vector_cost
 from .vector_width import chained_lanes, lanes_for, transposed_lanes, uncrowded_lanes
 
 SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
+RUN_MIN = 16                 # a sum over nested loops adds runs of at least this many vectors into its total
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class _LanePlan:
     loop: For
     rest: tuple
     lanes: int
+    gathers: bool
 
 
 def _accumulators(stmts, k: int, inner):
@@ -92,7 +101,7 @@ def _lane_plan(body: Block, bl: Blocking):
         if wide is not None and loop.extent.value >= wide:
             rest[-1] = replace(rest[-1], kind="transpose")
             lanes = wide
-        return _LanePlan(k, inner, accs, loop, tuple(rest), lanes)
+        return _LanePlan(k, inner, accs, loop, tuple(rest), lanes, bool(gathers))
     return None
 
 
@@ -111,7 +120,9 @@ def _steps(p: _LanePlan, lane: Var, grid: tuple):
     """``(first, chain)``: the reduction index a lane starts from and the loops
     over the whole vectors (``grid``: ``(start, count)``), in runs of
     ``SUM_RUN`` vectors when the loop is long and alone (the rounding error
-    grows with a run, not the total)."""
+    grows with a run, not the total); with other loops, the vectors'
+    loop outermost when gathers read the lines those loops walk, else
+    innermost."""
     v, lanes = p.loop, p.lanes
     start, full = grid
     if not p.rest and isinstance(full, Const) and full.value >= 8 * SUM_RUN and full.value % SUM_RUN == 0:
@@ -119,22 +130,26 @@ def _steps(p: _LanePlan, lane: Var, grid: tuple):
         first = add(start, add(mul(add(mul(outer_b, idx(SUM_RUN)), inner_b), idx(lanes)), lane))
         return first, [For(outer_b, idx(0), idx(full.value // SUM_RUN), None),
                        For(inner_b, idx(0), idx(SUM_RUN), None)]
-    block = var(f"{v.var.name}.b")
-    return add(start, add(mul(block, idx(lanes)), lane)), [For(block, idx(0), full, None)] + list(p.rest)
+    block = For(var(f"{v.var.name}.b"), idx(0), full, None)
+    first = add(start, add(mul(block.var, idx(lanes)), lane))
+    if p.gathers or any(lp.kind == "transpose" for lp in p.rest):
+        return first, [block] + list(p.rest)
+    return first, list(p.rest) + [block]        # no gathers: each row's vectors in turn, in address order
 
 
 def _whole_vectors(p: _LanePlan, lane: Var, parts: dict, grid: tuple):
     """The loops over the whole vectors of the reduction, adding into the lane
-    partials ``parts``; a sum whose innermost loop is long adds each pass of
-    it into a running total first."""
+    partials ``parts``; a sum over nested loops adds each run of its
+    innermost loops (``RUN_MIN`` vectors or more) into a running total first."""
     first, chain = _steps(p, lane, grid)
-    if all(op == "add" for _, op, _ in p.accs) and len(chain) > 1 and trips(chain[-1]) >= 16:
+    k = len(chain) - 1                           # the run: the fewest innermost loops of RUN_MIN steps or more
+    while k > 1 and prod(trips(lp) for lp in chain[k:]) < RUN_MIN:
+        k -= 1
+    if all(op == "add" for _, op, _ in p.accs) and k >= 1 and prod(trips(lp) for lp in chain[k:]) >= RUN_MIN:
         runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in p.accs}
-        last = chain[-1]
-        body = Block(_allocs(p.accs, runs) + (
-            For(last.var, last.lo, last.extent, as_block(rename(p.inner, {p.loop.var: first, **runs})), last.kind),) + tuple(
-            Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in p.accs))
-        return _around(chain[:-1], body)
+        body = Block(_allocs(p.accs, runs) + (_around(chain[k:], rename(p.inner, {p.loop.var: first, **runs})),) +
+                     tuple(Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in p.accs))
+        return _around(chain[:k], body)
     return _around(chain, rename(p.inner, {p.loop.var: first, **parts}))
 
 
@@ -153,8 +168,10 @@ def reduce_in_lanes(body: Block, bl: Blocking):
     reduction in a fixed way (the same for every run and thread count).  The
     lanes run over the reduction loop along which the reads are most
     contiguous; the loop along which the remaining gathers move least is put
-    innermost, so the lines a gather touches are reused; a long sum is added
-    up in blocks (the rounding error grows with the block, not the total).
+    innermost, so the lines a gather touches are reused, and without
+    gathers the lanes' whole vectors are innermost (address order); a long
+    sum is added up in runs (the rounding error grows with a run, not the
+    total).
     With loops inside the lanes' loop, its whole vectors start where the
     lines of the input read along it start (a run-time shift,
     :func:`~lowering.schedule.aligned_grid.grid_shift`), the iterations
