@@ -42,7 +42,8 @@ class _LanePlan:
     """A reduction to run in lanes: the loop nest at statement ``k`` of the
     body, ``inner`` its innermost body, ``accs`` its accumulators ``(local,
     op, identity)``; ``loop`` runs in ``lanes`` lanes, the ``rest`` of the
-    loops inside it (innermost last)."""
+    loops inside it (innermost last); ``gathers``: a load's index moves
+    along ``loop`` by other than 0 or 1 element per step."""
 
     k: int
     inner: object
@@ -132,7 +133,7 @@ def _steps(p: _LanePlan, lane: Var, grid: tuple):
                        For(inner_b, idx(0), idx(SUM_RUN), None)]
     block = For(var(f"{v.var.name}.b"), idx(0), full, None)
     first = add(start, add(mul(block.var, idx(lanes)), lane))
-    if p.gathers or any(lp.kind == "transpose" for lp in p.rest):
+    if p.gathers:
         return first, [block] + list(p.rest)
     return first, list(p.rest) + [block]        # no gathers: each row's vectors in turn, in address order
 
@@ -143,9 +144,9 @@ def _whole_vectors(p: _LanePlan, lane: Var, parts: dict, grid: tuple):
     innermost loops (``RUN_MIN`` vectors or more) into a running total first."""
     first, chain = _steps(p, lane, grid)
     k = len(chain) - 1                           # the run: the fewest innermost loops of RUN_MIN steps or more
-    while k > 1 and prod(trips(lp) for lp in chain[k:]) < RUN_MIN:
+    while k > 1 and prod(map(trips, chain[k:])) < RUN_MIN:
         k -= 1
-    if all(op == "add" for _, op, _ in p.accs) and k >= 1 and prod(trips(lp) for lp in chain[k:]) >= RUN_MIN:
+    if all(op == "add" for _, op, _ in p.accs) and k >= 1 and prod(map(trips, chain[k:])) >= RUN_MIN:
         runs = {acc: Local(f"{acc.name}.run", acc.dtype) for acc, _, _ in p.accs}
         body = Block(_allocs(p.accs, runs) + (_around(chain[k:], rename(p.inner, {p.loop.var: first, **runs})),) +
                      tuple(Assign(parts[acc], add(parts[acc], runs[acc])) for acc, _, _ in p.accs))
