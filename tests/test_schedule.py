@@ -377,8 +377,10 @@ def test_a_row_operand_read_down_its_columns_takes_k_blocks_when_its_lines_outgr
     three lines a step: 384 KB of lines against a 128 KB budget, so the
     reduction takes K blocks and blocks of whole lines; with AVX-512's
     8-row tiles and its L2 a block is 64 rows, four whole lines a step,
-    512 KB against 512 KB, and the reduction stays whole.  Bits are one
-    thread's either way."""
+    512 KB against 512 KB, and the reduction stays whole.  The K blocks are
+    as long as a tile's walk down ``P`` stays in L1 (two lines of ``P`` and
+    a 64-byte row of ``Q``'s panel a step: 64 steps, where BLIS's KC is
+    256).  Bits are one thread's either way."""
     T = 2048
     target = replace(te.target(name), threads=2)
     S, Q = te.placeholder((T, T), "float32", "S"), te.placeholder((T, 64), "float32", "Q")
@@ -388,6 +390,11 @@ def test_a_row_operand_read_down_its_columns_takes_k_blocks_when_its_lines_outgr
     kernel = te.build([S, Q], [C], target=target)
     text = stmt_text(stage(kernel, "C").body)
     assert ("for k.b in" in text) == blocked
+    if blocked:
+        bl = blocking(target)
+        walk = bl.k_block_l1(2 * target.cache_line + TILE_VECTORS * target.lanes(4) * 4)
+        assert walk < bl.k_block_rows(4)
+        assert f"for k.b in 0..{T // walk}:" in text
     assert "P.packed" not in kernel.scheduled_ir                           # P read in place
     if kernel.target.missing_on_host() is None:
         x = rng.uniform(-1, 1, (T, T)).astype(np.float32)

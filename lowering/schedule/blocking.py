@@ -64,6 +64,10 @@ class Blocking:
     prefetch_bytes: int
     math_chains: int
 
+    def k_block_l1(self, step_bytes: int) -> int:
+        """``k_block``'s rule for ``step_bytes`` a step."""
+        return _l1_steps(self.target, step_bytes)
+
     @staticmethod
     def k_block_min(size: int) -> int:
         """The shortest reduction cut into blocks of ``size``."""
@@ -83,13 +87,19 @@ class Blocking:
         return self.target.lanes(itemsize)
 
 
+def _l1_steps(target: Target, step_bytes: int) -> int:
+    """The most reduction steps, a power of two, whose ``step_bytes`` each
+    fill at most two thirds of L1 (the rest holds a row tile's operands and
+    the output tile)."""
+    return pow2_floor(target.l1_bytes * 2 // 3 // step_bytes)
+
+
 def blocking(target: Target) -> Blocking:
     """The :class:`Blocking` of ``target`` (see there for each derivation)."""
     regs = target.vector_registers
     rows = min(MAX_TILE_ROWS, (regs - TILE_VECTORS - 1) // TILE_VECTORS)
     slice_row = TILE_VECTORS * target.vector_bytes
-    k_block = pow2_floor(target.l1_bytes * 2 // 3 // slice_row)
-    return Blocking(target, rows, k_block, pow2_floor(target.l2_bytes // 2 // slice_row),
+    return Blocking(target, rows, _l1_steps(target, slice_row), pow2_floor(target.l2_bytes // 2 // slice_row),
                     1 << (target.l1_bytes - 1).bit_length(),
                     pow2_floor(target.l2_bytes // 2), target.l3_bytes * target.threads, PAGE_BYTES,
                     max(1, regs // CHAIN_REGISTERS))

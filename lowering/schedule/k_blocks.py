@@ -11,7 +11,9 @@ instead (BLIS's KC): blocks of rows take its K blocks (``row_blocks.py``),
 and the shorter the blocks the more rows a block holds, so the panel is
 re-read from L3 for fewer of them.  So is a reduction too short to cut
 for its panel whose row operand, read in place down its columns, would
-give a block of rows more lines than ``row_block_bytes`` (:func:`decide`).
+give a block of rows more lines than ``row_block_bytes``, in blocks short
+enough for a row tile's walk down those columns to stay in L1 until the
+next tiles read the rest of its lines (:func:`decide`).
 
 Each block sums its own steps from the reduction's identity, in order, and
 then combines the partial sum the blocks before left: the output tile's
@@ -146,26 +148,50 @@ def _k_blocked(body: Block, plan: KBlocks, out: Buffer, sums=None):
     )), epilogue
 
 
-def _strided_slice(plan, bl: Blocking) -> int:
-    """Bytes of whole cache lines a block of rows, sized by ``row_blocks.py``
-    for the whole reduction, reads of a row operand read in place (not from
-    a copy) whose reduction steps are a line or more apart: each step reads
-    the lines its rows touch, and a span not a whole number of lines touches
-    one more than it fills (18 float32, 72 bytes: three lines).  0 without
-    such an operand."""
+def _read_down_columns(plan, bl: Blocking) -> list:
+    """``(access, bytes)`` of each row operand read in place (not from a
+    copy) whose reduction steps are a line or more apart, with the bytes
+    its index moves per row."""
     line = bl.target.cache_line
-    most = row_blocks.block_tiles(plan, 1, bl)[1]
     copied = {(c.access.buffer, c.access.index) for c in plan.copies}
-    out = 0
+    out = []
     for a in plan.accesses:
         item = np.dtype(a.buffer.dtype).itemsize
         if a.store or not a.loops or (a.buffer, a.index) in copied or stride(a.index, plan.j) != 0 \
                 or stride(a.index, plan.i) == 0 or abs(stride(a.index, a.loops[-1].var)) * item < line:
             continue
-        span = most * plan.mr * abs(stride(a.index, plan.i)) * item
-        lines = -(-span // line) + (span % line != 0)
-        out = max(out, prod(trips(lp) for lp in a.loops) * lines * line)
+        out.append((a, abs(stride(a.index, plan.i)) * item))
     return out
+
+
+def _lines(span: int, line: int) -> int:
+    """Lines a span of ``span`` bytes touches at most: one more than it fills
+    when not a whole number of lines (18 float32, 72 bytes: three lines;
+    6 float32, 24 bytes: two)."""
+    return -(-span // line) + (span % line != 0)
+
+
+def _strided_slice(plan, bl: Blocking) -> int:
+    """Bytes of whole cache lines a block of rows, sized by ``row_blocks.py``
+    for the whole reduction, reads of the row operands read down their
+    columns (:func:`_read_down_columns`): each step reads the lines its
+    rows touch.  0 without such an operand."""
+    line = bl.target.cache_line
+    most = row_blocks.block_tiles(plan, 1, bl)[1]
+    return max((prod(trips(lp) for lp in a.loops) * _lines(most * plan.mr * row, line) * line
+                for a, row in _read_down_columns(plan, bl)), default=0)
+
+
+def _walk_steps(plan, bl: Blocking):
+    """The most steps of a K block for which a row tile's walk down the
+    columns of the row operands read so (:func:`_read_down_columns`) stays
+    in L1 beside the column operand's slice, until the next row tiles read
+    the rest of those lines: each step holds the lines the tile's rows
+    touch and a row of the slice (``Blocking.k_block_l1``)."""
+    walks = _read_down_columns(plan, bl)
+    line = bl.target.cache_line
+    lines = sum(_lines(plan.mr * row, line) for _, row in walks)
+    return bl.k_block_l1(lines * line + plan.nr * plan.lanes * np.dtype(plan.out.dtype).itemsize)
 
 
 def decide(plan, bl: Blocking):
@@ -179,7 +205,12 @@ def decide(plan, bl: Blocking):
     blocked for the whole reduction can be a few rows wide (18 float32 over
     2048 steps: 384 KB of lines against 128 KB), and neighbouring blocks
     fetch the lines they share twice; blocked for one K block they span
-    whole lines (128 rows, 8 lines a step) and the slice fits."""
+    whole lines (512 rows, 32 lines a step) and the slice fits.  Such a
+    block is at most :func:`_walk_steps` long: a row tile reads a part of
+    each line it walks down (6 float32 of 16), the row tiles after it the
+    rest, and lines evicted from L1 in between come back from L2 (64 steps
+    with AVX2's tiles, not 256: each step holds two lines and a 64-byte row
+    of the column panel's slice)."""
     if plan.i is None:
         return plan
     panel = any(c.panel is not None and c.panel[1] is plan.jt for c in plan.copies)
@@ -188,7 +219,7 @@ def decide(plan, bl: Blocking):
     if panel and kb is not None and kb.in_place:
         kb = _k_blocks(plan.body, plan.out, plan.j, rows)
     elif panel and kb is None and _strided_slice(plan, bl) > bl.row_block_bytes:
-        kb = _k_blocks(plan.body, plan.out, plan.j, rows)
+        kb = _k_blocks(plan.body, plan.out, plan.j, min(rows, _walk_steps(plan, bl)))
         kb = kb if kb is not None and kb.in_place else None
     return replace(plan, k_blocks=kb)
 
