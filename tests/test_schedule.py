@@ -524,6 +524,42 @@ def test_a_column_panel_beyond_l2_is_prefetched_a_page_ahead(rng, name, over):
         np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
+@pytest.mark.parametrize("over", [0, 1])
+def test_a_walk_down_columns_beyond_l2_asks_for_its_next_line(rng, name, over):
+    """``C[t, d] = Σ_s P[s, t] Q[s, d]`` with ``P`` a temporary read in place
+    down its columns (two column tiles or one: no row panel).  Each step the
+    tile reads part of a line of ``P``'s row ``s`` and the tiles after it
+    the rest and the next lines: when the rows the walk reads over the
+    reduction are one step larger than L2, each step asks for the line after
+    its first row's (one hint per step in each tile's code, a line further
+    along the row); at exactly L2, none.  Values against numpy in float64."""
+    target = replace(te.target(name), threads=2)
+    n, d = 512, 32
+    steps = target.l2_bytes // (n * 4) + over
+    S = te.placeholder((steps, n), "float32", "S")
+    Q = te.placeholder((steps, d), "float32", "Q")
+    P = te.compute((steps, n), lambda s, t: te.exp(S[s, t]), name="P")
+    s = te.reduce_axis(steps, "s")
+    C = te.compute((n, d), lambda t, c: te.sum(P[s, t] * Q[s, c], axis=s), name="C")
+    kernel = te.build([S, Q], [C], target=target)
+    assert "P.packed" not in kernel.scheduled_ir
+    hints = [x for x in walk(stage(kernel, "C").body) if isinstance(x, Prefetch) and x.buffer.name == "P"]
+    if not over:
+        assert hints == []
+        return
+    loops = [x for x in walk(stage(kernel, "C").body) if isinstance(x, For) and x.var.name.startswith("s")]
+    assert loops and all(sum(isinstance(y, Prefetch) and y.buffer.name == "P" for y in lp.body.stmts) == 1
+                         for lp in loops)
+    assert {linear_form(h.index)[1] for h in hints} == {target.cache_line // 4}
+    if kernel.target.missing_on_host() is None:
+        x = rng.uniform(-1, 1, S.shape).astype(np.float32)
+        q = rng.standard_normal(Q.shape).astype(np.float32)
+        p = np.exp(x.astype(np.float64))
+        bound = (steps + 8) * np.finfo(np.float32).eps * (p.T @ np.abs(q))
+        assert np.all(np.abs(kernel(x, q) - p.T @ q) <= bound)
+
+
 def test_two_reductions_each_size_their_own_panel(rng):
     """An element summing two products, each over a panel of about half L2:
     the panels are sized by their own reduction's steps (no hint), not by

@@ -7,8 +7,17 @@ L2.  Such a panel comes from L3 or memory again for each block of rows, and
 the hardware's stream prefetchers stop at every page boundary: without the
 hints each page of the stream begins with misses the multiply-adds wait
 for, which costs most when other cores crowd the L3.  A panel that stays in
-L2 gets no hints (they would only take issue slots).  A hint never faults,
-past the panel's end included (``llvm.prefetch``)."""
+L2 gets no hints (they would only take issue slots).
+
+A row operand read in place down its columns (``P[k, i]``, a step a line
+or more apart, the tile's rows side by side within lines: attention's
+``softmaxᵀ``) is a walk, not a stream: each step reads part of one row's
+line, and the row tiles after it read the rest of that line and then the
+next ones, one per row of each K block, as many streams as steps, more
+than the hardware tracks.  Such a walk asks, each step, for the line after
+the one its first row reads, which the next tiles read next, when the
+rows it reads over the reduction are larger than L2.  A hint never
+faults, past the operand's end included (``llvm.prefetch``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,16 +45,37 @@ def _streams(loop: For, plan) -> list:
     return out
 
 
+def _walks(loop: For, plan, line: int) -> list:
+    """``(buffer, index at the tile's first row)`` of each load in ``loop``
+    (a reduction loop of the tile) that walks down a row operand's columns:
+    none per column, the tile's rows within a line, a line or more per step."""
+    out, seen, visited = [], set(), set()
+    for s in walk(loop.body):
+        for x in loads_in(stmt_exprs(s), visited):
+            item = np.dtype(x.buffer.dtype).itemsize
+            if x.buffer not in seen and stride(x.index, plan.j) == 0 \
+                    and 0 < abs(stride(x.index, plan.i)) * item * plan.mr <= line \
+                    and abs(stride(x.index, loop.var)) * item >= line:
+                seen.add(x.buffer)
+                out.append((x.buffer, substitute(x.index, {plan.i: mul(plan.it, idx(plan.mr))})))
+    return out
+
+
 def _hinted(loop: For, plan, steps: int, bl: Blocking) -> For:
-    """``loop`` prefetching each column stream it reads whose panel exceeds L2."""
-    width = plan.nr * plan.lanes
+    """``loop`` prefetching each column stream it reads whose panel exceeds
+    L2, and the next line of each walk whose rows exceed L2."""
+    width, line, l2 = plan.nr * plan.lanes, bl.target.cache_line, bl.target.l2_bytes
     hints = []
     for buf, first in _streams(loop, plan):
         itemsize = np.dtype(buf.dtype).itemsize
-        if steps * plan.j_extent * itemsize <= bl.target.l2_bytes:
+        if steps * plan.j_extent * itemsize <= l2:
             continue
         ahead = substitute(first, {loop.var: add(loop.var, idx(-(-bl.prefetch_bytes // (width * itemsize))))})
-        hints += [Prefetch(buf, add(ahead, idx(k))) for k in range(0, width, bl.target.cache_line // itemsize)]
+        hints += [Prefetch(buf, add(ahead, idx(k))) for k in range(0, width, line // itemsize)]
+    for buf, first in _walks(loop, plan, line):
+        itemsize = np.dtype(buf.dtype).itemsize
+        if steps * plan.i_extent * itemsize > l2:
+            hints.append(Prefetch(buf, add(first, idx(line // itemsize))))
     return loop if not hints else For(loop.var, loop.lo, loop.extent, Block((*hints, loop.body)), loop.kind)
 
 
