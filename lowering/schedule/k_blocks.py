@@ -157,8 +157,8 @@ def _read_down_columns(plan, bl: Blocking) -> list:
     out = []
     for a in plan.accesses:
         item = np.dtype(a.buffer.dtype).itemsize
-        if a.store or not a.loops or (a.buffer, a.index) in copied or stride(a.index, plan.j) != 0 \
-                or stride(a.index, plan.i) == 0 or abs(stride(a.index, a.loops[-1].var)) * item < line:
+        if a.store or not a.loops or (a.buffer, a.index) in copied or \
+                not plan.walks_down_columns(a.index, a.loops[-1].var, item, line):
             continue
         out.append((a, abs(stride(a.index, plan.i)) * item))
     return out

@@ -53,9 +53,8 @@ def _walks(loop: For, plan, line: int) -> list:
     for s in walk(loop.body):
         for x in loads_in(stmt_exprs(s), visited):
             item = np.dtype(x.buffer.dtype).itemsize
-            if x.buffer not in seen and stride(x.index, plan.j) == 0 \
-                    and 0 < abs(stride(x.index, plan.i)) * item * plan.mr <= line \
-                    and abs(stride(x.index, loop.var)) * item >= line:
+            if x.buffer not in seen and plan.walks_down_columns(x.index, loop.var, item, line) \
+                    and abs(stride(x.index, plan.i)) * item * plan.mr <= line:
                 seen.add(x.buffer)
                 out.append((x.buffer, substitute(x.index, {plan.i: mul(plan.it, idx(plan.mr))})))
     return out

@@ -71,6 +71,14 @@ class TilePlan:
         (a column panel stays in cache while the row tiles pass)."""
         return self.k_blocks is not None or any(c.panel is not None and c.panel[1] is self.jt for c in self.copies)
 
+    def walks_down_columns(self, index, step: Var, itemsize: int, line: int) -> bool:
+        """Whether a load at ``index`` walks down a row operand's columns: it
+        moves with the tile's rows, not with its columns, and a line or more
+        per reduction ``step`` (``k_blocks._walk_steps``, ``prefetch._walks``);
+        False where a stride is not constant (an index read from data)."""
+        rows, steps = stride(index, self.i), stride(index, step)
+        return stride(index, self.j) == 0 and rows not in (0, None) and steps is not None and abs(steps) * itemsize >= line
+
     @property
     def pinned(self) -> tuple:
         """The loops the parallel root must not move: the K blocks (each
