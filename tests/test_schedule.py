@@ -1418,6 +1418,24 @@ def test_unbalanced_parallel_root_is_collapsed(rng, threads, collapsed):
     np.testing.assert_array_equal(kernel(x, w, h), reference)
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_row_reduction_in_lanes_takes_a_long_root(rng, batch):
+    """``Σ_j X[b, i, j]`` over a batch of one has one iteration in its
+    first loop: its rows must be the parallel root, not that loop (the two
+    threads would leave all rows to one).  A batch of ``MIN_ROOT`` keeps
+    its order.  Values as numpy's."""
+    from lowering.schedule.parallel_root import MIN_ROOT
+
+    X = te.placeholder((batch, 300, 200), "float32", "X")
+    j = te.reduce_axis(200, "j")
+    S = te.compute((batch, 300), lambda b, i: te.sum(X[b, i, j], axis=j), name="S")
+    kernel = te.build([X], [S])
+    root = next(ln.split() for ln in kernel.scheduled_ir.splitlines() if "parallel" in ln)
+    assert int(root[-1].rstrip(":").split("..")[1]) == (300 if batch < MIN_ROOT else batch), root
+    x = rng.standard_normal(X.shape).astype(np.float32)
+    np.testing.assert_allclose(kernel(x), x.astype(np.float64).sum(-1), rtol=1e-5, atol=1e-4)
+
+
 def test_parallel_root_is_collapsed_again_while_it_stays_unbalanced(rng):
     """On SSE (4 lanes) the filter gradient of 16 output channels has two
     column tiles inside kh and kw: kh x kw = 9 over 2 threads still idles

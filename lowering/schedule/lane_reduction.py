@@ -26,6 +26,7 @@ from math import prod
 from te_autodiff.expr import Const, Var, add, compare, floordiv, mul, sub, var
 
 from ..loop_ir import Alloc, Assign, Block, For, If, LaneReduce, Local, Simd, Stage, rename, stride, walk
+from . import parallel_root
 from .aligned_grid import ALIGN_MIN_VECTORS, grid_shift
 from .blocking import Blocking, pow2_floor
 from .constructors import as_block, idx
@@ -202,6 +203,9 @@ def reduce_in_lanes(body: Block, bl: Blocking):
 
 def build(nest: Nest, stage: Stage, bl: Blocking) -> list:
     """``[stage]`` with each element's reduction in vector lanes
-    (:func:`reduce_in_lanes`); unchanged when no reduction qualifies."""
+    (:func:`reduce_in_lanes`), its output loops ordered for a parallel root
+    (``parallel_root.py``: a batch of one must not leave the rows to one
+    thread); unchanged when no reduction qualifies."""
     body = reduce_in_lanes(nest.body, bl)
-    return [stage] if body is None else [Stage(stage.name, stage.buffer, nest.around(body))]
+    return [stage] if body is None else \
+        [Stage(stage.name, stage.buffer, parallel_root.build(nest.loops, body, bl.target.threads))]
