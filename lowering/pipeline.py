@@ -1,6 +1,6 @@
 """The lowering order, in one place: tensors -> loop IR -> fused -> rows
-padded -> scheduled for a target -> row chains joined -> LLVM IR -> machine
-code -> :class:`~lowering.runtime.Kernel`.
+padded -> scheduled for a target -> row chains joined -> block chains joined
+-> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
 
 ``te.build`` and ``te.cost`` both run :func:`lower_for`; ``te.build`` then
 compiles its result.  Each step takes the previous step's immutable program
@@ -15,6 +15,7 @@ from te_autodiff.tensor import check_name
 
 from . import llvm_process
 from .cost import stage_iterations
+from .block_chains import join_blocks
 from .fuse import fuse
 from .loop_ir import Program
 from .lower import lower, validate
@@ -43,7 +44,9 @@ def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Pro
     """Steps 2 and 3: fuse stages over one domain, give temporaries whose
     rows all fall in one cache set a padded row (``row_padding.py``),
     schedule every stage for ``target``, run consecutive stages over the
-    same rows as one (``row_chains.py``; neither fusion without ``fusion``);
+    same rows as one (``row_chains.py``), and a product with the row stages
+    that alone read it, a block of rows at a time (``block_chains.py``; no
+    fusion of any kind without ``fusion``);
     with the loops fixed, integer powers become running products and
     multiplications (``powers.py``)."""
     return schedule_fused(fuse(plain, splits_reduction) if fusion else plain, target, fusion)
@@ -52,7 +55,7 @@ def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Pro
 def schedule_fused(fused: Program, target: Target, fusion: bool = True) -> Program:
     """Step 3 of :func:`schedule_program`, on a program already fused."""
     scheduled = schedule(pad_rows(fused, target), target)
-    return integer_powers(join_rows(scheduled, target) if fusion else scheduled)
+    return integer_powers(join_blocks(join_rows(scheduled, target), target) if fusion else scheduled)
 
 
 def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -> Lowered:
@@ -87,7 +90,8 @@ def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
     in order (a product's stage counts its multiply-adds).  ``built`` gives the temporaries and
     stages of the fused and scheduled program ``te.build`` compiles for
     ``target`` (packed panels and K-block partial sums add temporaries,
-    fusion removes some, padded rows make some larger), and the iterations
+    fusion removes some, block chains shrink some to a block, padded rows
+    make some larger), and the iterations
     of each fused stage: a stage computing a producer's values in its own
     loops counts only those it reads; the schedule then splits stages into
     pieces (``.parts``, ``.interior``...) and adds copies, not counted."""

@@ -48,7 +48,7 @@ from .loop_ir import (Block, Check, For, If, Program, Simd, Stage, Store, linear
 from .target import Target
 
 
-def _loops(stage: Stage) -> list:
+def opening_loops(stage: Stage) -> list:
     """The perfectly nested loops ``stage`` opens with (constant ranges, the
     first parallel, the others serial)."""
     loops, s = [], stage.body
@@ -59,11 +59,11 @@ def _loops(stage: Stage) -> list:
     return loops
 
 
-def _match(rows: list, stage: Stage):
+def matching_loops(rows: list, stage: Stage):
     """``stage``'s first ``len(rows)`` loops in the order of ``rows``, the
     same ranges in any order (ties in their own order); None if they differ.
     Rows are independent, so the chain may walk them in its own order."""
-    mine = _loops(stage)[:len(rows)]
+    mine = opening_loops(stage)[:len(rows)]
     if len(mine) < len(rows):
         return None
     left, out = list(mine), []
@@ -78,19 +78,19 @@ def _match(rows: list, stage: Stage):
 
 def _common(first: Stage, stage: Stage) -> int:
     """How many of ``first``'s opening loops ``stage`` opens with too."""
-    rows = _loops(first)
-    return max((d for d in range(len(rows) + 1) if _match(rows[:d], stage) is not None), default=0)
+    rows = opening_loops(first)
+    return max((d for d in range(len(rows) + 1) if matching_loops(rows[:d], stage) is not None), default=0)
 
 
-def _row_body(stage: Stage, rows: list):
+def row_body(stage: Stage, rows: list):
     """What ``stage`` runs for one row: the body inside its first
     ``len(rows)`` loops, their variables renamed to those of ``rows``."""
-    body = _loops(stage)[len(rows) - 1].body
-    mapping = {a.var: b.var for a, b in zip(_match(rows, stage), rows) if a.var is not b.var}
+    body = opening_loops(stage)[len(rows) - 1].body
+    mapping = {a.var: b.var for a, b in zip(matching_loops(rows, stage), rows) if a.var is not b.var}
     return map_stmt(body, substituter(mapping)) if mapping else body
 
 
-def _accesses(stmt, ranges: dict, out: list, visited=None):
+def accesses(stmt, ranges: dict, out: list, visited=None):
     """``(buffer, index, ranges, store)`` of every load and store in
     ``stmt``, with the ranges of the loops around it (``None`` for a loop
     whose range is not constant); a load met again under the same ranges
@@ -98,7 +98,7 @@ def _accesses(stmt, ranges: dict, out: list, visited=None):
     visited = set() if visited is None else visited
     if isinstance(stmt, Block):
         for s in stmt.stmts:
-            _accesses(s, ranges, out, visited)
+            accesses(s, ranges, out, visited)
         return
     out += [(x.buffer, x.index, ranges, False) for x in loads_in(stmt_exprs(stmt), visited)]
     if isinstance(stmt, Store):
@@ -106,15 +106,15 @@ def _accesses(stmt, ranges: dict, out: list, visited=None):
     elif isinstance(stmt, (For, Simd)):
         lo, n = stmt.lo, stmt.extent if isinstance(stmt, For) else stmt.count
         span = (lo.value, lo.value + max(n.value, 1) - 1) if isinstance(lo, Const) and isinstance(n, Const) else None
-        _accesses(stmt.body, {**ranges, stmt.var: span}, out)
+        accesses(stmt.body, {**ranges, stmt.var: span}, out)
     elif isinstance(stmt, If):
-        then, else_ = _narrowed(stmt.cond, ranges)
-        _accesses(stmt.then, then, out)
+        then, else_ = narrowed(stmt.cond, ranges)
+        accesses(stmt.then, then, out)
         if stmt.else_ is not None:
-            _accesses(stmt.else_, else_, out)
+            accesses(stmt.else_, else_, out)
 
 
-def _narrowed(cond, ranges: dict):
+def narrowed(cond, ranges: dict):
     """The loop ranges in the two branches of ``if cond`` (a tile's remainder:
     ``if j.o < n``); unchanged for any other condition."""
     if not (isinstance(cond, Cmp) and cond.op == "lt" and isinstance(cond.b, Const)
@@ -124,7 +124,7 @@ def _narrowed(cond, ranges: dict):
     return {**ranges, cond.a: (lo, min(hi, n - 1))}, {**ranges, cond.a: (max(lo, n), hi)}
 
 
-def _row(index, rows: list, ranges: dict):
+def row_form(index, rows: list, ranges: dict):
     """``(steps, first, last)`` of an access at ``index``: its term in each of
     the ``rows`` loops (its stage's own) and the range of the rest; None
     unless affine with every other term a loop of known range."""
@@ -143,8 +143,8 @@ def _row(index, rows: list, ranges: dict):
     return tuple(terms.get(r.var, 0) for r in rows), lo, hi
 
 
-def _one_row(found: list, extents: list) -> bool:
-    """Whether accesses ``found`` (``_row`` of each) each stay in the row
+def one_row(found: list, extents: list) -> bool:
+    """Whether accesses ``found`` (``row_form`` of each) each stay in the row
     their loops (of ``extents`` iterations) name: the same step per loop in
     all, every step positive and at least the span of the loops inside it,
     the rest in ``[0, least step)``."""
@@ -165,24 +165,24 @@ def _shared_bytes(members: list, depth: int, seen: dict):
     (it writes each element once, from other buffers), so only the buffers
     members share are checked.  ``seen`` keeps each stage's accesses per
     depth."""
-    rows = _loops(members[0])[:depth]
+    rows = opening_loops(members[0])[:depth]
     found, users, written = {}, {}, set()
     for k, st in enumerate(members):
-        loops = _match(rows, st)
+        loops = matching_loops(rows, st)
         if loops is None:
             return None
         key = (id(st), depth)
         if key not in seen:
             seen[key] = []
-            _accesses(_loops(st)[depth - 1].body, {}, seen[key])
+            accesses(opening_loops(st)[depth - 1].body, {}, seen[key])
         for buffer, index, ranges, store in seen[key]:
-            found.setdefault(buffer, []).append(_row(index, loops, ranges))
+            found.setdefault(buffer, []).append(row_form(index, loops, ranges))
             users.setdefault(buffer, set()).add(k)
             if store:
                 written.add(buffer)
     extents = [r.extent.value for r in rows]
     shared = [b for b in written if len(users[b]) > 1]
-    if not all(_one_row(found[b], extents) for b in shared) or \
+    if not all(one_row(found[b], extents) for b in shared) or \
             not all(any(k in users[b] for b in shared) for k in range(len(members))):
         return None
     row = sum(b.itemsize * (max(f[2] for f in found[b]) - min(f[1] for f in found[b]) + 1) for b in shared)
@@ -201,7 +201,7 @@ def _rows_for(members: list, target: Target, seen: dict) -> int:
     return 0
 
 
-def _worth(shared: tuple, target: Target) -> bool:
+def worth_joining(shared: tuple, target: Target) -> bool:
     """Whether a chain sharing ``(row, whole)`` bytes gains by running row by
     row: its shared data, a thread's share of it, would leave L2 between
     the stages run apart, and a row of it is a cache line at least (a value
@@ -212,10 +212,10 @@ def _worth(shared: tuple, target: Target) -> bool:
 
 def _join(chain: list, depth: int) -> Stage:
     """One stage running, for each row, the bodies of ``chain`` in turn."""
-    rows = _loops(chain[0])[:depth]
+    rows = opening_loops(chain[0])[:depth]
     stmts = []
     for st in chain:
-        body = _row_body(st, rows)
+        body = row_body(st, rows)
         stmts += list(body.stmts) if isinstance(body, Block) else [body]
     nest = Block(tuple(stmts))
     for loop in reversed(rows):
@@ -238,7 +238,7 @@ def _buffers(stage: Stage, seen: dict) -> tuple:
     return seen[key]
 
 
-def _alone(stage: Stage) -> bool:
+def keeps_to_itself(stage: Stage) -> bool:
     """A stage that keeps to itself (see the module doc)."""
     return stage.fixed or stage.apart or stage.sort is not None or stage.step is not None or \
         any(isinstance(s, Check) for s in walk(stage.body))
@@ -250,19 +250,19 @@ def join_rows(program: Program, target: Target) -> Program:
     out, chain, depth, seen = [], [], 0, {}
 
     def close():
-        out.extend([_join(chain, depth)] if len(chain) > 1 and _worth(_shared_bytes(chain, depth, seen), target)
+        out.extend([_join(chain, depth)] if len(chain) > 1 and worth_joining(_shared_bytes(chain, depth, seen), target)
                    else chain)
         chain.clear()
 
     for st in program.stages:
-        if not _alone(st) and chain and _touches_written(chain, st, seen):
+        if not keeps_to_itself(st) and chain and _touches_written(chain, st, seen):
             d = _rows_for(chain + [st], target, seen)
             if d and (len(chain) == 1 or d == depth):
                 chain.append(st)
                 depth = d
                 continue
         close()
-        if _alone(st):
+        if keeps_to_itself(st):
             out.append(st)
         else:
             chain.append(st)

@@ -10,13 +10,14 @@ from hypothesis import given, settings, strategies as st
 
 import te_autodiff as te
 from lowering import pipeline
-from lowering.row_chains import _one_row
+from lowering.row_chains import one_row
 
 
 def _build(inputs, outputs, joined: bool, monkeypatch):
     with monkeypatch.context() as m:
         if not joined:
             m.setattr(pipeline, "join_rows", lambda program, target: program)
+            m.setattr(pipeline, "join_blocks", lambda program, target: program)
         return te.build(inputs, outputs)
 
 
@@ -110,14 +111,14 @@ def test_a_stage_reading_another_row_keeps_to_itself(rng, monkeypatch, reverse):
        spans=st.lists(st.tuples(st.integers(-3, 12), st.integers(0, 12)), min_size=1, max_size=3),
        other=st.booleans())
 def test_accesses_judged_one_row_touch_disjoint_rows(extents, steps, spans, other):
-    """Property: when ``_one_row`` accepts accesses (steps per row loop, and
+    """Property: when ``one_row`` accepts accesses (steps per row loop, and
     the range ``[lo, hi]`` of the rest), no address is touched from two
     different rows; an access with other steps is refused."""
     steps = tuple(steps[:len(extents)])
     found = [(steps, lo, lo + w) for lo, w in spans]
     if other:
         found.append((tuple(s + 1 for s in steps), 0, 0))
-    if not _one_row(found, extents):
+    if not one_row(found, extents):
         return
     assert not other
     owner = {}

@@ -1,0 +1,138 @@
+"""Block chains (``lowering/block_chains.py``): a product whose buffer only
+the row stages after it read runs with them a block of rows at a time, its
+buffer shrunk to a block; values as the stages run apart and as numpy
+computes them in float64."""
+from math import isqrt
+
+import numpy as np
+import pytest
+
+import te_autodiff as te
+from lowering import pipeline
+
+
+def _attention(h: int, T: int, d: int, dtype: str = "float32", output_scores: bool = False, reverse: bool = False):
+    """``(inputs, outputs)`` of ``loss = Σ softmax(Q Kᵀ / √d) V · H`` and its
+    gradients, written as index formulas (the scores ``S``, the row max,
+    ``exp``, the row sum, the softmax); with ``output_scores`` ``S`` is an
+    output too, with ``reverse`` the row max reads ``S``'s rows backwards."""
+    Q, K, V, H = (te.placeholder((h, T, d), dtype, n) for n in "QKVH")
+    k, j1, j2, j3 = (te.reduce_axis(n, name) for n, name in ((d, "k"), (T, "j"), (T, "j"), (T, "j")))
+    S = te.compute((h, T, T), lambda a, i, j: te.sum(Q[a, i, k] * K[a, j, k], axis=k) * d ** -0.5, name="S")
+    M = te.compute((h, T), lambda a, i: te.max(S[a, T - 1 - i if reverse else i, j1], axis=j1), name="row_max")
+    E = te.compute((h, T, T), lambda a, i, j: te.exp(S[a, i, j] - M[a, i]), name="exp")
+    Z = te.compute((h, T), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
+    P = te.compute((h, T, T), lambda a, i, j: E[a, i, j] / Z[a, i], name="P")
+    O = te.compute((h, T, d), lambda a, i, c: te.sum(P[a, i, j3] * V[a, j3, c], axis=j3), name="O")
+    r = [te.reduce_axis(n, f"r{x}") for x, n in enumerate((h, T, d))]
+    loss = te.compute((1,), lambda _: te.sum(O[r[0], r[1], r[2]] * H[r[0], r[1], r[2]], axis=r), name="loss")
+    return [Q, K, V, H], [loss, *te.gradient(loss, [Q, K, V])] + ([S] if output_scores else [])
+
+
+def _numpy(q, k, v, hh, reverse=False):
+    """The loss and its gradients in float64, by hand."""
+    q, k, v, hh = (x.astype(np.float64) for x in (q, k, v, hh))
+    scale = q.shape[-1] ** -0.5
+    s = q @ k.transpose(0, 2, 1) * scale
+    m = (s[:, ::-1] if reverse else s).max(-1, keepdims=True)
+    p = np.exp(s - m)
+    p /= p.sum(-1, keepdims=True)
+    dp = hh @ v.transpose(0, 2, 1)
+    ds = p * (dp - np.sum(dp * p, -1, keepdims=True)) * scale
+    return [np.vdot(p @ v, hh), ds @ k, ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ hh]
+
+
+def _rows(h: int, large: bool) -> int:
+    """``T``: ``h`` float32 ``T x T`` matrices beyond every thread's L2 (the
+    join's threshold) when ``large``, else a quarter of it; never a
+    multiple of a register tile's rows or columns."""
+    t = te.target()
+    edge = isqrt(t.l2_bytes * t.threads // (4 * h))
+    return edge + 53 if large else edge // 2 + 1
+
+
+def _build(inputs, outputs, joined: bool, monkeypatch):
+    with monkeypatch.context() as m:
+        if not joined:
+            m.setattr(pipeline, "join_blocks", lambda program, target: program)
+        return te.build(inputs, outputs)
+
+
+def _stages(kernel) -> list:
+    return [set(line.split()[1].rstrip(":").split("+")) for line in kernel.scheduled_ir.splitlines()
+            if line.startswith("stage ")]
+
+
+def _data(rng, shape, dtype, count=4):
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(count)]
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_attention_products_run_with_their_row_stages_a_block_at_a_time(rng, monkeypatch, large):
+    """The scores join the softmax's row stages, and the gradient's ``dP =
+    H Vᵀ`` the row stages reading it, once the scores of all heads leave L2
+    (on both sides of that); joined, neither ``T x T`` buffer stays (the
+    built temporaries shrink by both, less their blocks).  ``T`` is no
+    multiple of a tile: the remainder tiles run in the last block."""
+    h = 4
+    T = _rows(h, large)
+    inputs, outputs = _attention(h, T, 64)
+    joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
+    stages = _stages(joined)
+    assert any({"S.r1", "row_max", "exp", "row_sum", "P"} <= s for s in stages) == large, stages
+    assert any({"dP", "drow_sum", "dS.r1"} <= s for s in stages) == large, stages
+    t = te.target()
+    for name in ("S.r1", "dP"):
+        whole, kept = (next(b for b in k.program.buffers if b.name == name) for k in (apart, joined))
+        assert whole.nbytes >= h * T * T * 4
+        if large:
+            assert kept.shape[1] < T and kept.nbytes <= h * (t.l2_bytes // 4 + 16 * kept.shape[-1] * 4), kept
+        else:
+            assert kept.shape == whole.shape
+    arrays = _data(rng, (h, T, 64), np.float32)
+    got, same = joined(*arrays), apart(*arrays)
+    for g, w in zip(got, same):             # the same operations; LLVM may round a last bit apart
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
+    for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+
+
+def test_a_product_with_row_blocks_and_float64_joins_its_row_stages(rng):
+    """float64 scores whose row operand (``T x 256`` a head) outgrows the
+    row blocks' budget on either target: the product's own blocks of rows
+    number its tiles, and restricting its row tiles to a block still runs
+    each tile once.  Values as numpy's."""
+    h, d = 4, 256
+    t = te.target()
+    T = max(isqrt(t.l2_bytes * t.threads // (8 * h)) + 29, t.l2_bytes // (2 * 8 * d) + 7)
+    inputs, outputs = _attention(h, T, d, "float64")
+    kernel = te.build(inputs, outputs)
+    stages = _stages(kernel)
+    assert any({"S.r1", "P"} <= s for s in stages), stages
+    joined = kernel.scheduled_ir.split("stage S.r1+")[1].split("stage ")[0]
+    assert any(line.strip().startswith("for i.b ") for line in joined.splitlines()), "the product keeps its row blocks"
+    arrays = _data(rng, (h, T, d), np.float64)
+    for g, w in zip(kernel(*arrays), _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-9, atol=1e-11 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("case", ["output", "reverse"])
+def test_a_product_others_read_stays_whole(rng, case):
+    """The scores stay a whole buffer of their own stage when they are an
+    output too, or when the row max reads row ``T - 1 - i`` (the joined
+    loop would not have written it yet); the gradient's ``dP`` still
+    joins.  Values as numpy's."""
+    h = 4
+    T = _rows(h, True)
+    inputs, outputs = _attention(h, T, 32, output_scores=case == "output", reverse=case == "reverse")
+    kernel = te.build(inputs, outputs)
+    stages = _stages(kernel)
+    assert any(len(s) == 1 and next(iter(s)).split(".")[0] == "S" for s in stages), stages
+    assert any({"dP", "drow_sum"} <= s for s in stages), stages
+    arrays = _data(rng, (h, T, 32), np.float32)
+    got = kernel(*arrays)
+    for g, w in zip(got, _numpy(*arrays, reverse=case == "reverse")):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+    if case == "output":
+        q, k = (x.astype(np.float64) for x in arrays[:2])
+        np.testing.assert_allclose(got[-1], q @ k.transpose(0, 2, 1) / np.sqrt(32), rtol=1e-4, atol=1e-4)
