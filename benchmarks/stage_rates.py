@@ -14,7 +14,11 @@ of one stage (``PIECE``: ``dWt.sums`` for K-block partial sums,
 ``loss.parts``, ``conv.interior``, ``C.cols1``, ``conv%2=1``); a packed copy
 (``dh.packed``) or another tensor (``dh.r1``) is not the product.  Stages
 that hold products together (fused, or pieces of one) form one group: its
-rate is its products' flops over its stages' seconds.
+rate is its products' flops over its stages' seconds.  A product the
+kernel runs with the row stages that read it, a block of rows at a time
+(``lowering/block_chains.py``: attention's scores and their softmax), is
+no stage of its own there; the products are timed in a build without
+those chains, whose product stages run the same tiles.
 """
 from __future__ import annotations
 
@@ -57,9 +61,14 @@ def measure(kernel, arrays) -> dict:
     kept) and seconds, the products no stage holds (a renamed stage: an
     error in ``Kernel.products``), and the profile's total seconds."""
     import te_autodiff as te
+    from lowering import pipeline
     inputs, outputs = kernel.te_program(te)
-    fused = te.cost(inputs, outputs)["built"]["stage_iterations"]
-    f = te.build(inputs, outputs)
+    join, pipeline.join_blocks = pipeline.join_blocks, lambda program, target: program
+    try:                                    # the products as stages of their own (see the module doc)
+        fused = te.cost(inputs, outputs)["built"]["stage_iterations"]
+        f = te.build(inputs, outputs)
+    finally:
+        pipeline.join_blocks = join
     profile = f.profile(*(np.ascontiguousarray(a) for a in arrays), repeat=REPEAT)
     found = groups([(s.name, s.seconds) for s in profile], kernel.products)
 

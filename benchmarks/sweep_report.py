@@ -34,8 +34,10 @@ def sweep_markdown(run: dict, mach: dict, limits: dict, sweep: list) -> list:
          "dtype, GB/s of the least bytes moved against the copy bandwidth (the depthwise convolution counts both); "
          "*te products alone*: the multiply-adds of the stages that compute products against the FMA peak, each "
          "stage run alone (`kernel.profile`, `benchmarks/stage_rates.py`), all of them and the slowest product (or "
-         "products computed together); a whole pass also pays for packing copies, elementwise stages and data "
-         "earlier stages pushed out of the caches.",
+         "products computed together; attention's scores and `dsoftmax`, which the kernel runs with their row "
+         "stages a block of rows at a time, are timed as stages of their own in a build without those block chains); "
+         "a whole pass also pays for packing copies, elementwise stages and data earlier stages pushed out of the "
+         "caches.",
          ""]
     groups = {}
     for row in rows:
