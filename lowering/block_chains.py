@@ -38,8 +38,7 @@ that touches its buffer when
   at least.
 
 A block holds as many row tiles as keep its part of ``P``'s buffer in a
-quarter of L2 (the product's column operand and the rows the ``R`` stream
-share the rest), the blocks as equal as whole tiles allow.  Each element
+quarter of a thread's share of the last cache (``_blocks``).  Each element
 keeps its operations and their order.  A buffer a later stage reads stays
 whole and its stages apart: joined, the block would only save reading it
 back, which measured no faster than the stages' own streams."""
@@ -60,13 +59,12 @@ from .target import Target
 
 @dataclass(frozen=True)
 class _Plan:
-    """How a product joins its row stages: its first ``outer`` loops and the
-    members' row loop are the ``rows``; a row steps ``width`` elements of
-    its buffer, a tile ``mr`` rows; ``tiles`` maps each row tile loop to
-    the atoms added to its variable to number its tile (a block of rows
-    around it: ``i.b * 171 // 2``), if any."""
+    """How a product joins its row stages: its outer loops and the members'
+    row loop are the ``rows``; a row steps ``width`` elements of its
+    buffer, a tile ``mr`` rows; ``tiles`` maps each row tile loop to the
+    atoms added to its variable to number its tile (a block of rows around
+    it: ``i.b * 171 // 2``), if any."""
 
-    outer: int
     rows: list
     width: int
     mr: int
@@ -74,6 +72,7 @@ class _Plan:
 
 
 def _span(loop) -> tuple | None:
+    """The first and last value of a loop's variable, None unless constant."""
     lo, n = loop.lo, loop.extent if isinstance(loop, For) else loop.count
     if isinstance(lo, Const) and isinstance(n, Const):
         return lo.value, lo.value + max(n.value, 1) - 1
@@ -189,15 +188,18 @@ def _plan(p: Stage, members: list) -> _Plan | None:
         steps = forms[p.buffer][0][0]
         found = _tile_loops(p, rows[:-1], steps[:-1], steps[-1])
         if found is not None:
-            return _Plan(outer, rows, steps[-1], found[1], found[0])
+            return _Plan(rows, steps[-1], found[1], found[0])
     return None
 
 
 def _blocks(tiles: int, tile_bytes: int, target: Target) -> tuple:
     """``(tiles a block, blocks)``: a block's part of the product's buffer in
-    a quarter of L2 (its column operand and the rows the members stream
-    share the rest), the blocks as equal as whole tiles allow."""
-    count = -(-tiles * tile_bytes // (target.l2_bytes // 4))
+    a quarter of a thread's share of the last cache (L2 without an L3): it
+    must stay cached from the product's write to the row stages' read, the
+    product's column operand and the rows the row stages stream share the
+    rest, and the product reads its column operand again for every block,
+    so the blocks are as tall as that allows; as equal as whole tiles allow."""
+    count = -(-tiles * tile_bytes // (max(target.l2_bytes, target.l3_bytes) // 4))
     per = -(-tiles // max(1, count))
     return per, -(-tiles // per)
 
@@ -250,8 +252,9 @@ def _shrunk(nest, old: Buffer, new: Buffer, outer: list, slots: list, block, siz
 
     def index(e):
         terms, c = linear_form(e)
-        terms = {a: k for a, k in terms.items() if a is not block} | \
-            ({block: terms.get(block, 0) - size} if terms.get(block, 0) != size else {})
+        k = terms.pop(block, 0) - size      # the members number rows from the block's first, the product from 0
+        if k:
+            terms[block] = k
         for lp, s in zip(outer, strides):
             terms[lp.var] = s
             c -= s * lp.lo.value
