@@ -9,10 +9,10 @@ by row), and nothing else reads ``S``; the same holds for the gradient's
 stages read it back: a ``T x T`` temporary, beyond the caches from ``T``
 of a few hundred.  Run as one stage, ``for each block of rows: the
 product's tiles of the block (all its column tiles); for each row of the
-block: the row stages``, a block is read from L2 right after the product
-wrote it, and the buffer holds one block for each iteration of the loops
-outside the blocks (a slot each: the threads running the parallel root's
-iterations never share one).
+block: the row stages``, a block is read from the caches right after the
+product wrote it, and the buffer holds one block for each iteration of
+the loops outside the blocks (a slot each: the threads running the
+parallel root's iterations never share one).
 
 A product ``P`` joins the stages ``R1, R2...`` after it up to the last
 that touches its buffer when
@@ -23,7 +23,7 @@ that touches its buffer when
   the first of them (its *outer* loops) have the ranges of the first loops
   of every ``R``, whose next loop, the *row* loop, walks ``P``'s rows (a
   product whose parallel root is a column loop, as for fewer heads than
-  ``MIN_ROOT``, keeps to itself);
+  ``MIN_ROOT`` or heads the threads share unevenly, keeps to itself);
 - every store of ``P`` below the outer loops is in a *row tile* loop and
   writes ``MR`` rows of a tile, numbered by that loop's variable (plus a
   row block's first tile, ``tile_loops.py``), so restricting those loops
@@ -47,12 +47,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from te_autodiff.expr import Const, add, maximum, minimum, mul, sub, var
+from te_autodiff.expr import add, maximum, minimum, mul, sub, var
 
-from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, If, Program, Simd, Stage, Store, free_leaves,
-                      from_linear, linear_form, map_stmt, stage_buffers, substituter)
-from .row_chains import (accesses, keeps_to_itself, matching_loops, narrowed, one_row, opening_loops, row_body,
-                         row_form, worth_joining)
+from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, If, Program, Stage, Store, free_leaves, from_linear,
+                      linear_form, map_stmt, stage_buffers, substituter, walk)
+from .row_chains import (accesses, keeps_to_itself, matching_loops, one_row, opening_loops, row_body, row_form,
+                         worth_joining)
 from .schedule.constructors import idx
 from .target import Target
 
@@ -71,37 +71,28 @@ class _Plan:
     tiles: dict
 
 
-def _span(loop) -> tuple | None:
-    """The first and last value of a loop's variable, None unless constant."""
-    lo, n = loop.lo, loop.extent if isinstance(loop, For) else loop.count
-    if isinstance(lo, Const) and isinstance(n, Const):
-        return lo.value, lo.value + max(n.value, 1) - 1
-    return None
-
-
-def _row_tile(store: Store, loops: list, ranges: dict, outer: list, steps: tuple, width: int):
-    """``(loop, base, mr)`` of a store of the product: its index is the
-    outer loops' ``steps`` plus ``mr * width`` times the tile number (the
-    variable of ``loop``, a loop around the store, plus the atoms ``base``
-    fixed inside it) plus the rest, loops of known ``ranges`` within one
-    tile's rows; None otherwise."""
-    form = linear_form(store.index)
+def _row_tile(index, ranges: dict, loops: dict, outer: list, steps: tuple, width: int):
+    """``(loop, base, mr)`` of a store of the product at ``index``, inside
+    the loops of ``ranges`` (outermost first; ``loops`` names the serial
+    ones by variable): the index is the ``outer`` loops' ``steps`` plus
+    ``mr * width`` times the tile number (the variable of ``loop``, around
+    the store, plus the atoms ``base`` fixed inside it) plus the rest,
+    loops of known range within one tile's rows; None otherwise."""
+    form = linear_form(index)
     if form is None:
         return None
-    terms, lo = dict(form[0]), form[1]
+    terms, lo = form
     if any(terms.pop(lp.var, 0) != k for lp, k in zip(outer, steps)):
         return None
-    serial = [lp for lp in loops if isinstance(lp, For) and lp.var in terms]
-    if not serial:
+    around = [v for v in ranges if v in loops and v in terms]
+    if not around:
         return None
-    tile = max(serial, key=lambda lp: abs(terms[lp.var]))
-    step = terms.pop(tile.var)
+    tile = max(around, key=lambda v: abs(terms[v]))
+    step = terms.pop(tile)
     mr, rem = divmod(step, width)
-    if rem or mr < 1:
-        return None
-    inside = {lp.var for lp in loops[loops.index(tile):]}
+    inside = set(list(ranges)[list(ranges).index(tile):])
     base = tuple(a for a, k in terms.items() if k == step)
-    if any(free_leaves(a) & inside for a in base):
+    if rem or mr < 1 or any(free_leaves(a) & inside for a in base):
         return None
     hi = lo
     for a, k in terms.items():
@@ -111,36 +102,23 @@ def _row_tile(store: Store, loops: list, ranges: dict, outer: list, steps: tuple
         if span is None:
             return None
         lo, hi = lo + min(k * span[0], k * span[1]), hi + max(k * span[0], k * span[1])
-    return (tile, base, mr) if 0 <= lo and hi < step else None
+    return (loops[tile], base, mr) if 0 <= lo and hi < step else None
 
 
 def _tile_loops(p: Stage, outer: list, steps: tuple, width: int):
     """``(tiles, mr)`` of product ``p`` (see :class:`_Plan`): every store in
     its nest below the ``outer`` loops goes to its own buffer, in a row tile
     loop, every tile ``mr`` rows; None otherwise."""
-    found, bad = [], []
-
-    def visit(s, loops, ranges):
-        if isinstance(s, Block):
-            for x in s.stmts:
-                visit(x, loops, ranges)
-        elif isinstance(s, (For, Simd)):
-            visit(s.body, loops + [s], {**ranges, s.var: _span(s)})
-        elif isinstance(s, If):
-            then, else_ = narrowed(s.cond, ranges)
-            visit(s.then, loops, then)
-            if s.else_ is not None:
-                visit(s.else_, loops, else_)
-        elif isinstance(s, Store):
-            got = _row_tile(s, loops, ranges, outer, steps, width) if s.buffer is p.buffer else None
-            (found if got is not None else bad).append(got)
-    visit(outer[-1].body, [], {})
+    found = []
+    accesses(outer[-1].body, {}, found)
+    loops = {s.var: s for s in walk(outer[-1].body) if isinstance(s, For)}
+    rows = [_row_tile(index, ranges, loops, outer, steps, width) if b is p.buffer else None
+            for b, index, ranges, store in found if store]
     tiles = {}
-    for tile, base, _ in found:
-        if tiles.setdefault(tile, base) != base:
-            return None
-    mrs = {mr for _, _, mr in found}
-    return (tiles, mrs.pop()) if found and not bad and len(mrs) == 1 else None
+    if not rows or None in rows or len({mr for _, _, mr in rows}) > 1 or \
+            any(tiles.setdefault(tile, base) != base for tile, base, _ in rows):
+        return None
+    return tiles, rows[0][2]
 
 
 def _rows_of(p: Stage, members: list, outer: int):
