@@ -49,8 +49,8 @@ from math import prod
 
 from te_autodiff.expr import add, maximum, minimum, mul, sub, var
 
-from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, If, Program, Stage, Store, free_leaves, from_linear,
-                      linear_form, map_stmt, stage_buffers, substituter, walk)
+from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, Program, Stage, Store, free_leaves, from_linear,
+                      linear_form, map_loops, map_stmt, stage_buffers, substituter, walk)
 from .row_chains import (accesses, keeps_to_itself, matching_loops, one_row, opening_loops, row_body, row_form,
                          worth_joining)
 from .schedule.constructors import idx
@@ -185,19 +185,14 @@ def _blocks(tiles: int, tile_bytes: int, target: Target) -> tuple:
 def _clipped(s, tiles: dict, first, per: int):
     """``s`` with each row tile loop of ``tiles`` running only the tiles
     ``[first, first + per)``."""
-    if isinstance(s, Block):
-        return Block(tuple(_clipped(x, tiles, first, per) for x in s.stmts))
-    if isinstance(s, If):
-        return If(s.cond, _clipped(s.then, tiles, first, per),
-                  None if s.else_ is None else _clipped(s.else_, tiles, first, per))
-    if not isinstance(s, For):
-        return s
-    if s not in tiles:
-        return replace(s, body=_clipped(s.body, tiles, first, per))
-    base = from_linear({a: 1 for a in tiles[s]}, 0)
-    lo = maximum(s.lo, sub(first, base))
-    hi = minimum(add(s.lo, s.extent), sub(add(first, idx(per)), base))
-    return For(s.var, lo, sub(hi, lo), s.body, s.kind)
+    def clip(loop):
+        if loop not in tiles:
+            return replace(loop, body=map_loops(loop.body, clip))
+        base = from_linear({a: 1 for a in tiles[loop]}, 0)
+        lo = maximum(loop.lo, sub(first, base))
+        hi = minimum(add(loop.lo, loop.extent), sub(add(first, idx(per)), base))
+        return For(loop.var, lo, sub(hi, lo), loop.body, loop.kind)
+    return map_loops(s, clip)
 
 
 def _join(p: Stage, members: list, plan: _Plan, target: Target) -> tuple:
