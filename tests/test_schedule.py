@@ -21,6 +21,7 @@ from lowering.schedule.tile_plan import TilePlan
 from lowering.schedule.blocking import Blocking
 from lowering.schedule.nest import Nest
 from lowering.schedule.aligned_grid import ALIGN_MIN_VECTORS
+from lowering.schedule import packing
 from lowering.schedule.packing import PACK_MIN_REUSE
 from lowering.schedule.residue_classes import MAX_RESIDUES
 from lowering.schedule.split_reduction import SPLIT_MIN_WORK, SPLIT_PARTS
@@ -209,34 +210,60 @@ def test_gemm_operands_are_read_from_panels(rng, n, k, m, threads):
     np.testing.assert_allclose(runs[0], a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+def _block_rows(k: int, ways: int) -> int:
+    """The largest divisor of ``k`` rows that is at most ``ways``."""
+    return max(d for d in range(1, ways + 1) if k % d == 0)
+
+
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])
 @pytest.mark.parametrize("k", [256, 260, 257])
-def test_narrow_panels_are_copied_in_blocks_of_rows(rng, target, k):
-    """A row panel of ``MR`` float32 (24 or 32 bytes, less than a line) is
-    copied in blocks of rows with the tiles inside: the fewest rows whose
-    run of ``rows x MR`` elements spans two cache lines, a power of two
-    dividing the ``k`` rows (260: 4; 257: 1, the rows in turn).  A column
-    panel of a line or more keeps its tiles outermost.  Values as numpy's
-    on every target."""
+def test_panels_are_copied_in_blocks_of_rows(rng, target, k):
+    """A panel row of at most two cache lines is copied in blocks of rows
+    with the tiles inside: as many rows as L1 has ways, the largest such
+    divisor of the ``k`` rows (256: 8; 260: 5; 257: 1, where a row panel
+    of ``MR`` float32, narrower than a line, takes the rows in turn and a
+    column panel of a line or more keeps its tiles outermost).  Values as
+    numpy's on every target."""
     A, B = te.placeholder((k, 200), "float32", "A"), te.placeholder((k, 256), "float32", "B")
     r = te.reduce_axis(k, "r")
     C = te.compute((200, 256), lambda i, j: te.sum(A[r, i] * B[r, j], axis=r), name="C")
     kernel = te.build([A, B], [C], target=target)
     t, mr = te.target(target), blocking(te.target(target)).tile_rows
-    want = 1
-    while want * mr * 4 < 2 * t.cache_line:
-        want *= 2
-    want = min(want, k & -k)
+    nr = TILE_VECTORS * t.lanes(4)
+    rows = _block_rows(k, t.l1_ways)
     def loops(name):
         return [(s.var.name, s.extent.value) for s in walk(stage(kernel, name).body) if isinstance(s, For)]
-    tiles = ("p0", -(-200 // mr))                     # copy loops: p0 tiles, p1 rows of k, p2 the panel
-    assert loops("A.packed")[:3 if want > 1 else 2] == ([("p1.b", k // want), tiles, ("p1.r", want)] if want > 1
-                                                        else [("p1", k), tiles])
-    if TILE_VECTORS * t.lanes(4) * 4 >= t.cache_line:
-        assert loops("B.packed")[:2] == [("p0", -(-256 // (TILE_VECTORS * t.lanes(4)))), ("p1", k)]
+    for name, width, tiles in (("A.packed", mr, -(-200 // mr)), ("B.packed", nr, -(-256 // nr))):
+        got = loops(name)                             # copy loops: p0 tiles, p1 rows of k, p2 the panel
+        assert width * 4 <= 2 * t.cache_line
+        if rows > 1:
+            assert got[:3] == [("p1.b", k // rows), ("p0", tiles), ("p1.r", rows)], (name, got)
+        elif width * 4 < t.cache_line:
+            assert got[:2] == [("p1", k), ("p0", tiles)], (name, got)
+        else:
+            assert got[:2] == [("p0", tiles), ("p1", k)], (name, got)
     run = kernel if t.missing_on_host() is None else te.build([A, B], [C])
     a, b = rng.standard_normal(A.shape, np.float32), rng.standard_normal(B.shape, np.float32)
     np.testing.assert_allclose(run(a, b), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("k", [64, 63, 61])
+@pytest.mark.parametrize("lines", [0.5, 1, 2, 2.25])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_panel_rows_follow_the_width_and_the_read(k, lines, contiguous):
+    """Both sides of each threshold of the rule: a panel row of at most two
+    lines takes blocks of rows (the largest divisor of ``k`` up to the L1
+    ways: 64 -> 8, 63 -> 7, 61 -> 1); a wider one keeps its tiles, and so
+    does one of a line or more that is read across the panel (a transposed
+    copy) or whose rows have no divisor but 1."""
+    line, ways, itemsize = 64, 8, 4
+    shape = (5, k, int(lines * line) // itemsize)
+    got = packing._panel_rows(shape, itemsize, line, ways, contiguous)
+    rows = _block_rows(k, ways)
+    if lines > 2 or (lines >= 1 and (not contiguous or rows == 1)):
+        assert got == 0
+    else:
+        assert got == rows
 
 
 @pytest.mark.parametrize("target", ["x86-64-v2", "haswell", "skylake-avx512"])

@@ -88,7 +88,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     plan = vector_width.decide(plan, bl)
     plan = sum_chains.decide(plan, nest, bl, stage.buffer in compared)
     copies = []                                           # the plan built, innermost first
-    body = packing.build(plan.body, plan.copies, temps, copies, bl.target.cache_line)
+    body = packing.build(plan.body, plan.copies, temps, copies, bl.target)
     body = prefetch.build(plan, body, bl)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
     out = []

@@ -3,7 +3,7 @@ decide the copies (:class:`Copy`): transposed copies
 (``transposed_copies.py``: a gather along the vector axis read with unit
 stride) and panels (``panels.py``: one contiguous, aligned block per tile of
 a register-tiled GEMM); :func:`build` makes one copy stage and temporary
-per load, a panel narrower than a cache line copied in blocks of rows
+per load, a panel of at most two cache lines copied in blocks of rows
 (:func:`_panel_rows`).  A copy stage is scheduled like any other stage
 (:func:`unrolled_partially` then marks its loops)."""
 from __future__ import annotations
@@ -93,29 +93,36 @@ def copied(copies) -> set:
     return {(c.access.buffer, c.access.index) for c in copies}
 
 
-def _panel_rows(shape, itemsize: int, line: int) -> int:
-    """Rows of a narrow panel's copy taken together, 0 for a panel row of a
-    cache line or more.  A row panel (``MR`` elements of each source row:
-    24 bytes on AVX2) copied tile by tile would read a part of a line of
-    every source row in each tile, a page apart when rows are long (a TLB
-    miss and no prefetch per row); copied row by row it would write one
-    piece per tile, each to another page.  Blocks of rows with the tiles
-    inside read every source row in whole lines and write runs of
-    ``rows x MR`` elements: the fewest rows whose run spans two lines (a
-    power of two dividing the panel's row axis, so the blocks stay a nest
-    of constant loops; 1: the rows in turn, the tiles inside)."""
+def _panel_rows(shape, itemsize: int, line: int, ways: int, contiguous: bool) -> int:
+    """Rows of a panel's copy taken together, 0 for tile by tile.  A panel
+    row of at most two lines copied tile by tile reads a piece of every
+    source row in each tile: a page apart when rows are long (a TLB miss and
+    no prefetch per row), and, when the rows do not start on a line (numpy
+    places a large array 16 bytes into a page), the line two neighbouring
+    tiles share is fetched once for each.  Blocks of rows with the tiles
+    inside read the source rows in whole lines while they are in L1: as many
+    rows as L1 has ways (the pieces of one tile may all fall in one set
+    when the row length is a multiple of a page), the largest such divisor
+    of the panel's row axis, so the blocks stay a nest of constant loops.
+    A panel row narrower than a line takes the rows in turn, the tiles
+    inside, when no divisor is found (1); a wider one, read along the panel
+    (``contiguous``; a transposed read has its own blocks), keeps its tiles.
+    A wider panel shares one line in three or more with its neighbour, and
+    is copied faster tile by tile from rows that start on a line."""
     size = shape[-1]
-    if len(shape) < 3 or size * itemsize >= line:
+    width = size * itemsize
+    if len(shape) < 3 or width > 2 * line or (width >= line and not contiguous):
         return 0
-    want = 1 << (-(-2 * line // (size * itemsize)) - 1).bit_length()
-    return min(want, shape[-2] & -shape[-2])
+    rows = max(d for d in range(1, min(ways, shape[-2]) + 1) if shape[-2] % d == 0)
+    return 0 if rows == 1 and width >= line else rows
 
 
-def build(body, copies, temps: Temporaries, new_stages: list, line: int):
+def build(body, copies, temps: Temporaries, new_stages: list, target):
     """``body`` with the loads of ``copies`` reading their copies: one copy
-    stage (into ``new_stages``) and temporary per load, a narrow panel's
-    copied in blocks of rows (:func:`_panel_rows`; ``line``: the target's
-    cache line in bytes).  A panel's last panel is padded with zeros."""
+    stage (into ``new_stages``) and temporary per load, a panel of at most
+    two lines copied in blocks of rows (:func:`_panel_rows`, from the
+    ``target``'s cache line and L1 ways).  A panel's last panel is padded
+    with zeros."""
     replace = {}
     for c in copies:
         a, box = c.access, c.box
@@ -138,7 +145,8 @@ def build(body, copies, temps: Temporaries, new_stages: list, line: int):
         src = simplify_index(substitute(a.index, at))
         value = BufLoad(a.buffer, src) if cond is None else GuardedLoad(a.buffer, src, cond)
         stmt = Store(packed, linear(axes, shape), value)
-        rows = 0 if c.panel is None else _panel_rows(shape, a.buffer.itemsize, line)
+        rows = 0 if c.panel is None else _panel_rows(shape, a.buffer.itemsize, target.cache_line, target.l1_ways,
+                                                    stride(src, axes[-1]) == 1)
         loops = list(zip(axes, shape))
         if rows == 1:                        # (batch, reduction..., tiles, panel)
             loops = loops[1:-1] + [loops[0], loops[-1]]
