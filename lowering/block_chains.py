@@ -21,9 +21,13 @@ that touches its buffer when
   a buffer ``P`` touches, and no stage among them keeps to itself;
 - ``P``'s scheduled nest opens with constant loops, the first parallel;
   the first of them (its *outer* loops) have the ranges of the first loops
-  of every ``R``, whose next loop, the *row* loop, walks ``P``'s rows (a
-  product whose parallel root is a column loop, as for fewer heads than
-  ``MIN_ROOT`` or heads the threads share unevenly, keeps to itself);
+  of every ``R``, whose next loop, the *row* loop, walks ``P``'s rows.  A
+  product with no such loops (its parallel root a column loop: one head,
+  or none) has none: its whole nest runs for each block, and the chain's
+  parallel root is ``Target.threads`` groups of blocks, a slot each (a
+  group runs on one thread at a time whatever the threads of a call);
+  two or three heads, or heads the threads share unevenly (their root
+  collapses the heads with the columns), stay apart;
 - every store of ``P`` below the outer loops is in a *row tile* loop and
   writes ``MR`` rows of a tile, numbered by that loop's variable (plus a
   row block's first tile, ``tile_loops.py``), so restricting those loops
@@ -35,7 +39,7 @@ that touches its buffer when
   a row reads only what ``P`` and the ``R`` before it wrote for that row;
 - it gains, as ``row_chains.py`` asks: ``P``'s buffer, a thread's share,
   would leave L2 between the stages run apart, and its row is a cache line
-  at least.
+  at least; and a tile of ``P`` fits a block (below).
 
 A block holds as many row tiles as keep its part of ``P``'s buffer in a
 quarter of a thread's share of the last cache (``_blocks``).  Each element
@@ -47,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from te_autodiff.expr import add, maximum, minimum, mul, sub, var
+from te_autodiff.expr import add, floordiv, maximum, minimum, mul, sub, var
 
 from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, Program, Stage, Store, free_leaves, from_linear,
                       linear_form, map_loops, map_stmt, stage_buffers, substituter, walk)
@@ -61,9 +65,9 @@ from .target import Target
 class _Plan:
     """How a product joins its row stages: its outer loops and the members'
     row loop are the ``rows``; a row steps ``width`` elements of its
-    buffer, a tile ``mr`` rows; ``tiles`` maps each row tile loop to the
-    atoms added to its variable to number its tile (a block of rows around
-    it: ``i.b * 171 // 2``), if any."""
+    buffer, a tile ``mr`` rows; ``tiles`` maps the variable of each row
+    tile loop to the atoms added to it to number its tile (a block of rows
+    around it: ``i.b * 171 // 2``), if any."""
 
     rows: list
     width: int
@@ -72,19 +76,21 @@ class _Plan:
 
 
 def _row_tile(index, ranges: dict, loops: dict, outer: list, steps: tuple, width: int):
-    """``(loop, base, mr)`` of a store of the product at ``index``, inside
-    the loops of ``ranges`` (outermost first; ``loops`` names the serial
-    ones by variable): the index is the ``outer`` loops' ``steps`` plus
-    ``mr * width`` times the tile number (the variable of ``loop``, around
-    the store, plus the atoms ``base`` fixed inside it) plus the rest,
-    loops of known range within one tile's rows; None otherwise."""
+    """``(variable, base, mr)`` of a store of the product at ``index``,
+    inside the loops of ``ranges`` (outermost first; ``loops`` names the
+    serial ones by variable): the index is the ``outer`` loops' ``steps``
+    plus ``mr * width`` times the tile number (the ``variable`` of a loop
+    around the store, plus the atoms ``base`` fixed inside it) plus the
+    rest, loops of known range within one tile's rows; None otherwise.
+    The tile loop is the one of the largest step; a loop that only takes
+    the value 0 (a head's, with one head) numbers nothing."""
     form = linear_form(index)
     if form is None:
         return None
     terms, lo = form
     if any(terms.pop(lp.var, 0) != k for lp, k in zip(outer, steps)):
         return None
-    around = [v for v in ranges if v in loops and v in terms]
+    around = [v for v in ranges if v in loops and v in terms and ranges[v] != (0, 0)]
     if not around:
         return None
     tile = max(around, key=lambda v: abs(terms[v]))
@@ -102,16 +108,16 @@ def _row_tile(index, ranges: dict, loops: dict, outer: list, steps: tuple, width
         if span is None:
             return None
         lo, hi = lo + min(k * span[0], k * span[1]), hi + max(k * span[0], k * span[1])
-    return (loops[tile], base, mr) if 0 <= lo and hi < step else None
+    return (tile, base, mr) if 0 <= lo and hi < step else None
 
 
 def _tile_loops(p: Stage, outer: list, steps: tuple, width: int):
     """``(tiles, mr)`` of product ``p`` (see :class:`_Plan`): every store in
     its nest below the ``outer`` loops goes to its own buffer, in a row tile
     loop, every tile ``mr`` rows; None otherwise."""
-    found = []
-    accesses(outer[-1].body, {}, found)
-    loops = {s.var: s for s in walk(outer[-1].body) if isinstance(s, For)}
+    found, inner = [], _below(p, outer)
+    accesses(inner, {}, found)
+    loops = {s.var: s for s in walk(inner) if isinstance(s, For)}
     rows = [_row_tile(index, ranges, loops, outer, steps, width) if b is p.buffer else None
             for b, index, ranges, store in found if store]
     tiles = {}
@@ -119,6 +125,12 @@ def _tile_loops(p: Stage, outer: list, steps: tuple, width: int):
             any(tiles.setdefault(tile, base) != base for tile, base, _ in rows):
         return None
     return tiles, rows[0][2]
+
+
+def _below(p: Stage, outer: list):
+    """``p``'s nest below its ``outer`` loops; with none, its whole nest,
+    the parallel root made serial (the chain's groups are parallel)."""
+    return outer[-1].body if outer else replace(p.body, kind="serial")
 
 
 def _rows_of(p: Stage, members: list, outer: int):
@@ -150,7 +162,7 @@ def _plan(p: Stage, members: list) -> _Plan | None:
     """How ``p`` joins ``members`` (see the module doc), or None."""
     if p.buffer in stage_buffers(p)[1]:
         return None
-    for outer in range(len(opening_loops(p)), 0, -1):
+    for outer in range(len(opening_loops(p)), -1, -1):
         rows = _rows_of(p, members, outer)
         if rows is None:
             continue
@@ -170,15 +182,22 @@ def _plan(p: Stage, members: list) -> _Plan | None:
     return None
 
 
-def _blocks(tiles: int, tile_bytes: int, target: Target) -> tuple:
+def _block_bytes(target: Target) -> int:
+    """The most of the product's buffer a block holds (see :func:`_blocks`)."""
+    return max(target.l2_bytes, target.l3_bytes) // 4
+
+
+def _blocks(tiles: int, tile_bytes: int, target: Target, groups: int) -> tuple:
     """``(tiles a block, blocks)``: a block's part of the product's buffer in
     a quarter of a thread's share of the last cache (L2 without an L3): it
     must stay cached from the product's write to the row stages' read, the
     product's column operand and the rows the row stages stream share the
     rest, and the product reads its column operand again for every block,
-    so the blocks are as tall as that allows; as equal as whole tiles allow."""
-    count = -(-tiles * tile_bytes // (max(target.l2_bytes, target.l3_bytes) // 4))
-    per = -(-tiles // max(1, count))
+    so the blocks are as tall as that allows; as equal as whole tiles allow,
+    and as many as a multiple of the ``groups`` that share them out."""
+    count = -(-tiles * tile_bytes // _block_bytes(target))
+    count = -(-max(1, count) // groups) * groups
+    per = -(-tiles // count)
     return per, -(-tiles // per)
 
 
@@ -186,9 +205,9 @@ def _clipped(s, tiles: dict, first, per: int):
     """``s`` with each row tile loop of ``tiles`` running only the tiles
     ``[first, first + per)``."""
     def clip(loop):
-        if loop not in tiles:
+        if loop.var not in tiles:
             return replace(loop, body=map_loops(loop.body, clip))
-        base = from_linear({a: 1 for a in tiles[loop]}, 0)
+        base = from_linear({a: 1 for a in tiles[loop.var]}, 0)
         lo = maximum(loop.lo, sub(first, base))
         hi = minimum(add(loop.lo, loop.extent), sub(add(first, idx(per)), base))
         return For(loop.var, lo, sub(hi, lo), loop.body, loop.kind)
@@ -200,16 +219,24 @@ def _join(p: Stage, members: list, plan: _Plan, target: Target) -> tuple:
     buffer shrunk to a block a slot."""
     outer, row = plan.rows[:-1], plan.rows[-1]
     rows, tiles = row.extent.value, -(-row.extent.value // plan.mr)
-    per, count = _blocks(tiles, plan.mr * plan.width * p.buffer.itemsize, target)
+    groups = 1 if outer else target.threads
+    per, count = _blocks(tiles, plan.mr * plan.width * p.buffer.itemsize, target, groups)
     span = per * plan.mr
     block, local = var(f"{row.var.name}.B"), var(f"{row.var.name}.b")
-    product = _clipped(outer[-1].body, plan.tiles, mul(block, idx(per)), per)
+    product = _clipped(_below(p, outer), plan.tiles, mul(block, idx(per)), per)
     at_row = substituter({row.var: add(mul(block, idx(span)), local)})
     bodies = [map_stmt(row_body(st, plan.rows), at_row) for st in members]
     extent = idx(span) if rows % span == 0 else minimum(idx(span), sub(idx(rows), mul(block, idx(span))))
     row_loop = For(local, idx(0), extent,
                    Block(tuple(s for b in bodies for s in (b.stmts if isinstance(b, Block) else (b,)))))
-    nest = For(block, idx(0), idx(count), Block((product, row_loop)))
+    nest = Block((product, row_loop))
+    if outer:
+        nest = For(block, idx(0), idx(count), nest)
+    else:                                   # no outer loops: the threads' groups of blocks are the slots
+        group = var(f"{row.var.name}.G")
+        first = floordiv(mul(group, idx(count)), idx(groups))
+        nest = For(block, first, sub(floordiv(mul(add(group, idx(1)), idx(count)), idx(groups)), first), nest)
+        outer = [For(group, idx(0), idx(groups), nest, "parallel")]
     slots = [lp.extent.value for lp in outer]
     buffer = Buffer(p.buffer.name, (prod(slots), span, plan.width), p.buffer.dtype, p.buffer.kind)
     nest = _shrunk(nest, p.buffer, buffer, outer, slots, block, span * plan.width)
@@ -261,7 +288,8 @@ def join_blocks(program: Program, target: Target) -> Program:
         if p.buffer.kind == "temp" and last > n and not keeps_to_itself(p) and \
                 not any(keeps_to_itself(st) for st in stages[n + 1:last + 1]):
             plan = _plan(p, stages[n + 1:last + 1])
-        if plan is None or not worth_joining((plan.width * p.buffer.itemsize, p.buffer.nbytes), target):
+        if plan is None or plan.mr * plan.width * p.buffer.itemsize > _block_bytes(target) or \
+                not worth_joining((plan.width * p.buffer.itemsize, p.buffer.nbytes), target):
             out.append(p)
             n += 1
             continue

@@ -142,3 +142,79 @@ def test_a_product_others_read_stays_whole(rng, case):
     if case == "output":
         q, k = (x.astype(np.float64) for x in arrays[:2])
         np.testing.assert_allclose(got[-1], q @ k.transpose(0, 2, 1) / np.sqrt(32), rtol=1e-4, atol=1e-4)
+
+
+def _attention_2d(T: int, d: int):
+    """``_attention`` of one head written without a head axis: ``Q``, ``K``,
+    ``V``, ``H`` are ``T x d``."""
+    Q, K, V, H = (te.placeholder((T, d), "float32", n) for n in "QKVH")
+    k, j1, j2, j3 = (te.reduce_axis(n, name) for n, name in ((d, "k"), (T, "j"), (T, "j"), (T, "j")))
+    S = te.compute((T, T), lambda i, j: te.sum(Q[i, k] * K[j, k], axis=k) * d ** -0.5, name="S")
+    M = te.compute((T,), lambda i: te.max(S[i, j1], axis=j1), name="row_max")
+    E = te.compute((T, T), lambda i, j: te.exp(S[i, j] - M[i]), name="exp")
+    Z = te.compute((T,), lambda i: te.sum(E[i, j2], axis=j2), name="row_sum")
+    P = te.compute((T, T), lambda i, j: E[i, j] / Z[i], name="P")
+    O = te.compute((T, d), lambda i, c: te.sum(P[i, j3] * V[j3, c], axis=j3), name="O")
+    r = [te.reduce_axis(n, f"r{x}") for x, n in enumerate((T, d))]
+    loss = te.compute((1,), lambda _: te.sum(O[r[0], r[1]] * H[r[0], r[1]], axis=r), name="loss")
+    return [Q, K, V, H], [loss, *te.gradient(loss, [Q, K, V])]
+
+
+@pytest.mark.parametrize("form", ["one head", "no head axis"])
+def test_a_product_without_outer_loops_shares_blocks_among_thread_groups(rng, monkeypatch, form):
+    """One head (its loop of one iteration) or none: the scores' parallel
+    root is a column loop, so no loop outside the blocks names a slot.
+    The chain's root is then ``target.threads`` groups, each running a
+    share of the blocks (their count a multiple of the groups) in a slot
+    of its own; the ``T x T`` buffers shrink to those slots.  Values as the
+    stages run apart and as numpy's."""
+    t = te.target()
+    T = _rows(1, True)
+    inputs, outputs = _attention(1, T, 64) if form == "one head" else _attention_2d(T, 64)
+    joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
+    stages = _stages(joined)
+    assert any({"S.r1", "row_max", "exp", "row_sum", "P"} <= s for s in stages), stages
+    assert any({"dP", "drow_sum", "dS.r1"} <= s for s in stages), stages
+    chain = joined.scheduled_ir.split("stage S.r1+")[1].splitlines()
+    assert chain[1].strip() == f"parallel for i.G in 0..{t.threads}:", chain[:3]
+    blocks = int(chain[2].split("i.G * ")[1].split(" //")[0])
+    assert blocks % t.threads == 0 and blocks >= t.threads, chain[2]
+    for name in ("S.r1", "dP"):
+        kept = next(b for b in joined.program.buffers if b.name == name)
+        assert kept.shape[0] == t.threads and kept.shape[1] < T, kept
+        assert kept.nbytes <= t.threads * (_block_bytes() + 16 * kept.shape[-1] * 4), kept
+    shape = (1, T, 64) if form == "one head" else (T, 64)
+    arrays = _data(rng, shape, np.float32)
+    got, same = joined(*arrays), apart(*arrays)
+    for g, w in zip(got, same):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
+    for g, w in zip(got, _numpy(*[a.reshape(1, T, 64) for a in arrays])):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+
+
+def test_a_reduction_of_a_product_may_run_with_it(rng, monkeypatch):
+    """``Σ (A B) · H`` with ``C = A B`` of 4 MB: the partial sums read ``C``
+    in parts of rows, each part a row of the chain.  Where the product's
+    tiles (or its own row blocks) hold whole parts (AVX-512: blocks of 128
+    rows against parts of 64) the sums run with the product a block at a
+    time and ``C`` shrinks; where they do not (AVX2's 6-row tiles) both
+    stay apart.  Values as the stages run apart and as numpy's."""
+    n = 1024
+    A, B, H = (te.placeholder((n, n), "float32", x) for x in "ABH")
+    k = te.reduce_axis(n, "k")
+    C = te.compute((n, n), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    r = [te.reduce_axis(n, f"r{x}") for x in range(2)]
+    loss = te.compute((1,), lambda _: te.sum(C[r[0], r[1]] * H[r[0], r[1]], axis=r), name="loss")
+    outputs = [loss, *te.gradient(loss, [A, B])]
+    joined, apart = (_build([A, B, H], outputs, flag, monkeypatch) for flag in (True, False))
+    together = any({"C", "loss.parts"} <= s for s in _stages(joined))
+    kept = next(b for b in joined.program.buffers if b.name == "C")
+    assert (kept.nbytes < n * n * 4) == together, kept
+    a, b, h = _data(rng, (n, n), np.float32, 3)
+    got, same = joined(a, b, h), apart(a, b, h)
+    for g, w in zip(got, same):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
+    a64, b64, h64 = (x.astype(np.float64) for x in (a, b, h))
+    want = [np.vdot(a64 @ b64, h64), h64 @ b64.T, a64.T @ h64]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-4, atol=1e-5 * np.abs(w).max())
