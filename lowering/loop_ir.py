@@ -739,7 +739,29 @@ def linear_form(e: Expr):
             stack.append((node.a, k))
         else:
             terms[node] = terms.get(node, 0) + k
-    return {a: c for a, c in terms.items() if c != 0}, const_
+    return _rejoin_quotients(terms), const_
+
+
+def _rejoin_quotients(terms: dict) -> dict:
+    """``terms`` with each ``s * (x % c) + c * s * (x // c)`` read as ``s * x``
+    (``x == c * (x // c) + x % c`` for floor division), so that an index into
+    loops fused into one (``a.i // T``, ``a.i % T``) over a buffer laid out
+    row after row is affine in the fused loop; the rest stay atoms."""
+    changed = True
+    while changed:
+        changed = False
+        for atom, k in list(terms.items()):
+            if not (isinstance(atom, BinOp) and atom.op == "mod" and isinstance(atom.b, Const) and atom.b.value > 0):
+                continue
+            quotient = next((q for q in terms if isinstance(q, BinOp) and q.op == "floordiv"
+                             and q.a is atom.a and q.b is atom.b), None)
+            if quotient is None or terms[quotient] != k * atom.b.value:
+                continue
+            del terms[atom], terms[quotient]
+            terms[atom.a] = terms.get(atom.a, 0) + k
+            changed = True
+            break
+    return {a: c for a, c in terms.items() if c != 0}
 
 
 def stride(e: Expr, v) -> int | None:

@@ -10,7 +10,10 @@ from hypothesis import given, settings, strategies as st
 
 import te_autodiff as te
 from lowering import pipeline
+from lowering.loop_ir import linear_form, substitute
 from lowering.row_chains import one_row
+from lowering.schedule.constructors import idx
+from te_autodiff.expr import var as te_var
 
 
 def _build(inputs, outputs, joined: bool, monkeypatch):
@@ -55,14 +58,17 @@ def test_stages_split_to_run_apart_stay_apart(monkeypatch):
 
 
 @pytest.mark.parametrize("large", [False, True])
-def test_a_softmax_and_its_gradient_run_row_by_row(rng, monkeypatch, large):
+@pytest.mark.parametrize("h", [3, 5])
+def test_a_softmax_and_its_gradient_run_row_by_row(rng, monkeypatch, large, h):
     """The four row stages of a softmax join into one, and so do those of
     its gradient (the row sum's adjoint and ``dX``: the max gets none,
     ``shift_invariance.py``; here all join, each reading only its own row),
     once the rows they share leave L2 between stages (on both sides of
     that); values as the stages run apart (to a last bit) and as numpy
-    computes them in float64."""
-    h, m = 3, 100
+    computes them in float64.  Five heads do not share out over two
+    threads, so their root collapses heads and rows into one loop whose
+    indices divide by the row count (``a.i // n``, ``a.i % n``)."""
+    m = 100
     n = _rows_beyond_l2(h * m * 4) if large else 37
     X, P = _softmax(h, n, m)
     H = te.placeholder((h, n, m), "float32", "H")
@@ -127,3 +133,25 @@ def test_accesses_judged_one_row_touch_disjoint_rows(extents, steps, spans, othe
         for _, lo, hi in found:
             for address in range(base + lo, base + hi + 1):
                 assert owner.setdefault(address, point) == point
+
+
+@settings(max_examples=200, deadline=None)
+@given(c=st.integers(2, 40), s=st.integers(-9, 9), extra=st.integers(-2, 2), t=st.integers(-5, 5),
+       points=st.lists(st.tuples(st.integers(-500, 500), st.integers(-50, 50)), min_size=1, max_size=5))
+def test_an_index_of_fused_loops_reads_as_affine(c, s, extra, t, points):
+    """Property: ``linear_form`` reads ``s * (x % c) + q * (x // c)`` as
+    ``s * x`` exactly when ``q == c * s`` (loops fused into one, the buffer
+    laid out row after row) and keeps both atoms otherwise; either way the
+    form has the expression's value at every point, negative ones too."""
+    x, y = te_var("x"), te_var("y")
+    q = c * s + extra
+    e = (x % c) * s + (x // c) * q + y * t + 3
+    terms, const = linear_form(e)
+    if s and not extra:
+        assert set(terms) <= {x, y} and terms.get(x) == s
+    elif s and q:
+        assert any(getattr(a, "op", None) == "mod" for a in terms)
+    for px, py in points:
+        at = {x: idx(px), y: idx(py)}
+        value = const + sum(k * substitute(a, at).value for a, k in terms.items())
+        assert value == substitute(e, at).value == (px % c) * s + (px // c) * q + py * t + 3
