@@ -23,16 +23,22 @@ that touches its buffer when
   the first of them (its *outer* loops) have the ranges of the first loops
   of every ``R``, whose next loop, the *row* loop, walks ``P``'s rows.  A
   product with no such loops (its parallel root a column loop: one head,
-  or none) has none: its whole nest runs for each block, and the chain's
-  parallel root is ``Target.threads`` groups of blocks, a slot each (a
-  group runs on one thread at a time whatever the threads of a call);
-  two or three heads, or heads the threads share unevenly (their root
-  collapses the heads with the columns), stay apart;
-- every store of ``P`` below the outer loops is in a *row tile* loop and
-  writes ``MR`` rows of a tile, numbered by that loop's variable (plus a
-  row block's first tile, ``tile_loops.py``), so restricting those loops
-  to a block's tiles runs exactly the block's part of ``P``; remainder
-  tiles and columns, tests and all, run as scheduled;
+  two or three, or none; or heads the threads do not share evenly, which
+  the root collapses with the columns) has none: its whole nest runs for
+  each block, a block being a run of one head's rows; the ``R`` walk rows
+  (and heads, in a loop of their own or collapsed with the rows); the
+  store's term in the buffer's head stride names its head (a loop's
+  variable, ``x // c`` or ``x % c`` of a collapsed loop ``x``), and the
+  loop behind it runs only the block's head.  The chain's parallel root
+  is then ``Target.threads`` groups of blocks, a slot each (a group runs
+  on one thread at a time whatever the threads of a call);
+- every store of ``P`` below the outer loops (and its head) is in a *row
+  tile* loop, the innermost stepping whole rows, and writes ``MR`` rows
+  of a tile, numbered by that loop's variable plus multiples of loops
+  around it (blocks of tiles, ``row_blocks.py``: a loop of blocks, or a
+  block's first tile), so restricting the tile loop to a block's tiles
+  runs exactly the block's part of ``P``; remainder tiles and columns,
+  tests and all, run as scheduled;
 - every ``R`` touches ``P``'s buffer or one an earlier ``R`` wrote; each
   such buffer, and every buffer one ``R`` writes and another touches, is
   touched by each ``R`` at its own row only (``row_chains.py``'s test), so
@@ -49,82 +55,144 @@ back, which measured no faster than the stages' own streams."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import prod
+from math import gcd, prod
 
-from te_autodiff.expr import add, floordiv, maximum, minimum, mul, sub, var
+from te_autodiff.expr import BinOp, Const, add, floordiv, maximum, minimum, mod, mul, sub, var
 
 from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, Program, Stage, Store, free_leaves, from_linear,
                       linear_form, map_loops, map_stmt, stage_buffers, substituter, walk)
-from .row_chains import (accesses, keeps_to_itself, matching_loops, one_row, opening_loops, row_body, row_form,
-                         worth_joining)
+from .row_chains import (accesses, atom_range, keeps_to_itself, matching_loops, one_row, opening_loops, row_body,
+                         row_form, worth_joining)
 from .schedule.constructors import idx
 from .target import Target
 
 
 @dataclass(frozen=True)
+class _Heads:
+    """The heads a product with no outer loops computes in one nest: ``count``
+    of them, ``rows`` rows each, ``step`` elements apart in its buffer;
+    ``atom`` numbers a store's head in the product (its loop's variable, or
+    ``x // c`` or ``x % c`` of a loop ``x`` that walks heads and columns
+    together), None for one head."""
+
+    count: int
+    rows: int
+    step: int
+    atom: object
+
+
+@dataclass(frozen=True)
 class _Plan:
     """How a product joins its row stages: its outer loops and the members'
-    row loop are the ``rows``; a row steps ``width`` elements of its
-    buffer, a tile ``mr`` rows; ``tiles`` maps the variable of each row
-    tile loop to the atoms added to it to number its tile (a block of rows
-    around it: ``i.b * 171 // 2``), if any."""
+    row loop are the ``rows`` (with no outer loops, the members' one or two
+    row loops: rows, or rows and heads); a row steps ``width`` elements of
+    its buffer, a tile ``mr`` rows; ``tiles`` maps the variable of each row
+    tile loop to the pairs ``(atom, multiple)`` added to it to number its
+    tile (blocks of rows around it: ``(i.b * 171 // 2, 1)``, ``(i.b, 94)``);
+    ``steps`` are the members' steps in the buffer along the ``rows``;
+    ``heads`` with no outer loops."""
 
     rows: list
+    steps: tuple
     width: int
     mr: int
     tiles: dict
+    heads: _Heads | None = None
 
 
-def _row_tile(index, ranges: dict, loops: dict, outer: list, steps: tuple, width: int):
-    """``(variable, base, mr)`` of a store of the product at ``index``,
+def _row_tile(terms: dict, lo: int, ranges: dict, loops: dict, width: int):
+    """``(variable, base, mr)`` of a store of the product whose index, its
+    outer loops' and heads' terms taken out, is ``terms`` plus ``lo``,
     inside the loops of ``ranges`` (outermost first; ``loops`` names the
-    serial ones by variable): the index is the ``outer`` loops' ``steps``
-    plus ``mr * width`` times the tile number (the ``variable`` of a loop
-    around the store, plus the atoms ``base`` fixed inside it) plus the
-    rest, loops of known range within one tile's rows; None otherwise.
-    The tile loop is the one of the largest step; a loop that only takes
-    the value 0 (a head's, with one head) numbers nothing."""
-    form = linear_form(index)
-    if form is None:
-        return None
-    terms, lo = form
-    if any(terms.pop(lp.var, 0) != k for lp, k in zip(outer, steps)):
-        return None
-    around = [v for v in ranges if v in loops and v in terms and ranges[v] != (0, 0)]
+    serial ones by variable): ``mr * width`` times the tile number (the
+    ``variable`` of a loop around the store, plus ``base``, pairs of an
+    atom fixed inside that loop and its multiple: blocks of tiles around
+    it) plus the rest, loops of known range within one tile's rows; None
+    otherwise.  The tile loop is the innermost that steps whole rows; a
+    loop that only takes the value 0 (a head's, with one head) numbers
+    nothing."""
+    terms = dict(terms)
+    around = [v for v in ranges if v in loops and terms.get(v, 0) > 0 and terms[v] % width == 0
+              and ranges[v] != (0, 0)]
     if not around:
         return None
-    tile = max(around, key=lambda v: abs(terms[v]))
+    tile = around[-1]
     step = terms.pop(tile)
-    mr, rem = divmod(step, width)
     inside = set(list(ranges)[list(ranges).index(tile):])
-    base = tuple(a for a, k in terms.items() if k == step)
-    if rem or mr < 1 or any(free_leaves(a) & inside for a in base):
-        return None
+    base = tuple((a, k // step) for a, k in terms.items() if k % step == 0 and not free_leaves(a) & inside)
     hi = lo
     for a, k in terms.items():
-        if a in base:
+        if any(a is b for b, _ in base):
             continue
-        span = ranges.get(a)
+        span = atom_range(a, ranges)
         if span is None:
             return None
         lo, hi = lo + min(k * span[0], k * span[1]), hi + max(k * span[0], k * span[1])
-    return (tile, base, mr) if 0 <= lo and hi < step else None
+    return (tile, base, step // width) if 0 <= lo and hi < step else None
 
 
-def _tile_loops(p: Stage, outer: list, steps: tuple, width: int):
-    """``(tiles, mr)`` of product ``p`` (see :class:`_Plan`): every store in
-    its nest below the ``outer`` loops goes to its own buffer, in a row tile
-    loop, every tile ``mr`` rows; None otherwise."""
+def _heads(terms: dict, ranges: dict, loops: dict, width: int, rows: int, strides: set, alone: bool) -> list:
+    """``(atom, step, rows a head)`` for each term of a store's index that
+    may number its head among the ``rows`` the members walk, largest
+    first: a loop's variable, or ``x // c`` or ``x % c`` of a loop ``x``, its coefficient
+    one of the ``strides`` (of the buffer's leading axes: the store then
+    writes element ``(head, row, column)`` of a head of ``step // width``
+    rows) that splits the rows evenly, its values heads of those rows;
+    ``(None, 0, rows)`` last (one head) if the members do not walk heads
+    in a loop of their own (``alone``)."""
+    found = []
+    for a, k in terms.items():
+        v = a if a in loops else a.a if isinstance(a, BinOp) and a.op in ("floordiv", "mod") and a.a in loops \
+            else None
+        span = atom_range(a, ranges) if v is not None else None
+        if span is None or k not in strides or k % width or [*terms.values()].count(k) > 1:
+            continue
+        per = k // width
+        if per < rows and rows % per == 0 and 0 <= span[0] and span[1] < rows // per:
+            found.append((a, k, per))
+    return sorted(found, key=lambda f: -f[1]) + ([(None, 0, rows)] if alone else [])
+
+
+def _tile_loops(p: Stage, outer: list, steps: tuple, width: int, rows: int = 0, step=None):
+    """``(tiles, mr, heads)`` of product ``p`` (see :class:`_Plan`): every
+    store in its nest below the ``outer`` loops goes to its own buffer, in
+    a row tile loop, every tile ``mr`` rows; with no outer loops, the heads
+    of ``rows`` rows the members walk (``step`` apart when they walk heads
+    in a loop of their own), the largest term that leaves a row tile;
+    None otherwise."""
     found, inner = [], _below(p, outer)
     accesses(inner, {}, found)
     loops = {s.var: s for s in walk(inner) if isinstance(s, For)}
-    rows = [_row_tile(index, ranges, loops, outer, steps, width) if b is p.buffer else None
-            for b, index, ranges, store in found if store]
-    tiles = {}
-    if not rows or None in rows or len({mr for _, _, mr in rows}) > 1 or \
-            any(tiles.setdefault(tile, base) != base for tile, base, _ in rows):
+    heads, tiles, mrs = set(), {}, set()
+    shape = p.buffer.shape
+    strides = {prod(shape[k + 1:]) for k in range(len(shape) - 2)}
+    if step is not None:
+        strides &= {step}
+    for b, index, ranges, store in found:
+        if not store:
+            continue
+        form = linear_form(index) if b is p.buffer else None
+        if form is None:
+            return None
+        terms, lo = dict(form[0]), form[1]
+        if any(terms.pop(lp.var, 0) != k for lp, k in zip(outer, steps)):
+            return None
+        row = _row_tile(terms, lo, ranges, loops, width) if outer else None
+        for head in [] if outer else _heads(terms, ranges, loops, width, rows, strides, step is None):
+            row = _row_tile({a: k for a, k in terms.items() if a is not head[0]}, lo, ranges, loops, width)
+            if row is not None:
+                heads.add(head)
+                break
+        if row is None or tiles.setdefault(row[0], row[1]) != row[1]:
+            return None
+        mrs.add(row[2])
+    if len(mrs) != 1 or len(heads) > 1:
         return None
-    return tiles, rows[0][2]
+    (mr,) = mrs
+    if outer:
+        return tiles, mr, None
+    atom, k, per = heads.pop()
+    return tiles, mr, _Heads(rows // per, per, k, atom)
 
 
 def _below(p: Stage, outer: list):
@@ -133,18 +201,18 @@ def _below(p: Stage, outer: list):
     return outer[-1].body if outer else replace(p.body, kind="serial")
 
 
-def _rows_of(p: Stage, members: list, outer: int):
+def _rows_of(p: Stage, members: list, outer: int, depth: int = 1):
     """The rows ``members`` run over: ``p``'s first ``outer`` loops and the
-    one loop of the first member left after them; None if the members do
-    not open with those ranges."""
+    ``depth`` loops of the first member left after them; None if the
+    members do not open with those ranges."""
     loops = opening_loops(p)[:outer]
-    first = opening_loops(members[0])[:outer + 1]
+    first = opening_loops(members[0])[:outer + depth]
     matched = matching_loops(loops, members[0])
-    if len(first) <= outer or matched is None:
+    if len(first) < outer + depth or matched is None:
         return None
     row = [lp for lp in first if all(lp is not m for m in matched)]
     rows = loops + row
-    return rows if len(row) == 1 and all(matching_loops(rows, st) is not None for st in members) else None
+    return rows if len(row) == depth and all(matching_loops(rows, st) is not None for st in members) else None
 
 
 def _member_accesses(members: list, rows: list) -> dict:
@@ -162,8 +230,8 @@ def _plan(p: Stage, members: list) -> _Plan | None:
     """How ``p`` joins ``members`` (see the module doc), or None."""
     if p.buffer in stage_buffers(p)[1]:
         return None
-    for outer in range(len(opening_loops(p)), -1, -1):
-        rows = _rows_of(p, members, outer)
+    for outer, depth in [(n, 1) for n in range(len(opening_loops(p)), 0, -1)] + [(0, 1), (0, 2)]:
+        rows = _rows_of(p, members, outer, depth)
         if rows is None:
             continue
         acc = _member_accesses(members, rows)
@@ -176,9 +244,16 @@ def _plan(p: Stage, members: list) -> _Plan | None:
                 or not all(any(k in {x[3] for x in acc[b]} for b in shared) for k in range(len(members))):
             continue
         steps = forms[p.buffer][0][0]
-        found = _tile_loops(p, rows[:-1], steps[:-1], steps[-1])
+        if outer:
+            found = _tile_loops(p, rows[:-1], steps[:-1], steps[-1])
+        elif depth == 1:
+            found = _tile_loops(p, [], (), steps[0], rows[0].extent.value)
+        else:                                   # rows and heads: one head's rows lie row after row
+            (width, count), (step, _) = sorted(zip(steps, [r.extent.value for r in rows]))
+            found = _tile_loops(p, [], (), width, prod(r.extent.value for r in rows), step) \
+                if step == width * count else None
         if found is not None:
-            return _Plan(rows, steps[-1], found[1], found[0])
+            return _Plan(rows, steps, min(steps) if not outer else steps[-1], found[1], found[0], found[2])
     return None
 
 
@@ -187,16 +262,18 @@ def _block_bytes(target: Target) -> int:
     return max(target.l2_bytes, target.l3_bytes) // 4
 
 
-def _blocks(tiles: int, tile_bytes: int, target: Target, groups: int) -> tuple:
-    """``(tiles a block, blocks)``: a block's part of the product's buffer in
-    a quarter of a thread's share of the last cache (L2 without an L3): it
-    must stay cached from the product's write to the row stages' read, the
-    product's column operand and the rows the row stages stream share the
-    rest, and the product reads its column operand again for every block,
-    so the blocks are as tall as that allows; as equal as whole tiles allow,
-    and as many as a multiple of the ``groups`` that share them out."""
-    count = -(-tiles * tile_bytes // _block_bytes(target))
-    count = -(-max(1, count) // groups) * groups
+def _blocks(tiles: int, tile_bytes: int, target: Target, groups: int, heads: int = 1) -> tuple:
+    """``(tiles a block, blocks a head)``: a block's part of the product's
+    buffer in a quarter of a thread's share of the last cache (L2 without
+    an L3): it must stay cached from the product's write to the row
+    stages' read, the product's column operand and the rows the row stages
+    stream share the rest, and the product reads its column operand again
+    for every block, so the blocks are as tall as that allows; as equal as
+    whole tiles allow, and as many over the ``heads`` as a multiple of the
+    ``groups`` that share them out."""
+    count = max(1, -(-tiles * tile_bytes // _block_bytes(target)))
+    step = groups // gcd(groups, heads)
+    count = -(-count // step) * step
     per = -(-tiles // count)
     return per, -(-tiles // per)
 
@@ -207,9 +284,31 @@ def _clipped(s, tiles: dict, first, per: int):
     def clip(loop):
         if loop.var not in tiles:
             return replace(loop, body=map_loops(loop.body, clip))
-        base = from_linear({a: 1 for a in tiles[loop.var]}, 0)
+        base = from_linear(dict(tiles[loop.var]), 0)
         lo = maximum(loop.lo, sub(first, base))
         hi = minimum(add(loop.lo, loop.extent), sub(add(first, idx(per)), base))
+        return For(loop.var, lo, sub(hi, lo), loop.body, loop.kind)
+    return map_loops(s, clip)
+
+
+def _one_head(s, atom, head):
+    """``s`` with the loop that numbers heads by ``atom`` running only over
+    ``head``'s iterations: its variable, or ``x // c`` (``x`` clipped to
+    ``c`` iterations), or ``x % c`` (every ``c``-th iteration of ``x``
+    from ``head``: the loop walks ``x = c * x' + head``)."""
+    v, c = (atom, 1) if not isinstance(atom, BinOp) else (atom.a, atom.b.value)
+
+    def clip(loop):
+        if loop.var is not v:
+            return replace(loop, body=map_loops(loop.body, clip))
+        if isinstance(atom, BinOp) and atom.op == "mod":
+            every = var(f"{v.name}.h")
+            start = add(loop.lo, mod(sub(head, loop.lo), idx(c)))
+            count = floordiv(sub(add(loop.lo, loop.extent), add(start, idx(1 - c))), idx(c))
+            return For(every, idx(0), count, map_stmt(loop.body, substituter({v: add(mul(every, idx(c)), start)})),
+                       loop.kind)
+        lo = maximum(loop.lo, mul(head, idx(c)))
+        hi = minimum(add(loop.lo, loop.extent), mul(add(head, idx(1)), idx(c)))
         return For(loop.var, lo, sub(hi, lo), loop.body, loop.kind)
     return map_loops(s, clip)
 
@@ -217,48 +316,84 @@ def _clipped(s, tiles: dict, first, per: int):
 def _join(p: Stage, members: list, plan: _Plan, target: Target) -> tuple:
     """``(stage, buffer)``: ``p`` and ``members`` as one stage, the product's
     buffer shrunk to a block a slot."""
+    if plan.heads is not None:
+        return _join_groups(p, members, plan, target)
     outer, row = plan.rows[:-1], plan.rows[-1]
     rows, tiles = row.extent.value, -(-row.extent.value // plan.mr)
-    groups = 1 if outer else target.threads
-    per, count = _blocks(tiles, plan.mr * plan.width * p.buffer.itemsize, target, groups)
+    per, count = _blocks(tiles, plan.mr * plan.width * p.buffer.itemsize, target, 1)
     span = per * plan.mr
     block, local = var(f"{row.var.name}.B"), var(f"{row.var.name}.b")
     product = _clipped(_below(p, outer), plan.tiles, mul(block, idx(per)), per)
     at_row = substituter({row.var: add(mul(block, idx(span)), local)})
     bodies = [map_stmt(row_body(st, plan.rows), at_row) for st in members]
     extent = idx(span) if rows % span == 0 else minimum(idx(span), sub(idx(rows), mul(block, idx(span))))
-    row_loop = For(local, idx(0), extent,
-                   Block(tuple(s for b in bodies for s in (b.stmts if isinstance(b, Block) else (b,)))))
-    nest = Block((product, row_loop))
-    if outer:
-        nest = For(block, idx(0), idx(count), nest)
-    else:                                   # no outer loops: the threads' groups of blocks are the slots
-        group = var(f"{row.var.name}.G")
-        first = floordiv(mul(group, idx(count)), idx(groups))
-        nest = For(block, first, sub(floordiv(mul(add(group, idx(1)), idx(count)), idx(groups)), first), nest)
-        outer = [For(group, idx(0), idx(groups), nest, "parallel")]
+    nest = For(block, idx(0), idx(count), Block((product, For(local, idx(0), extent, _flat(bodies)))))
     slots = [lp.extent.value for lp in outer]
+    size = span * plan.width
     buffer = Buffer(p.buffer.name, (prod(slots), span, plan.width), p.buffer.dtype, p.buffer.kind)
-    nest = _shrunk(nest, p.buffer, buffer, outer, slots, block, span * plan.width)
+    strides = [prod(slots[k + 1:]) * size for k in range(len(slots))]
+    offset = from_linear({lp.var: k for lp, k in zip(outer, plan.steps)} | {block: size}, 0)
+    slot = from_linear({lp.var: k for lp, k in zip(outer, strides)},
+                       -sum(k * lp.lo.value for lp, k in zip(outer, strides)))
+    nest = _shrunk(nest, p.buffer, buffer, offset, slot)
     for lp in reversed(outer):
         nest = replace(lp, body=nest)
     return Stage("+".join(st.name for st in [p] + members), buffer, nest), buffer
 
 
-def _shrunk(nest, old: Buffer, new: Buffer, outer: list, slots: list, block, size: int):
-    """``nest`` with ``old`` replaced by ``new``: a block of ``size``
-    elements a slot, one slot per iteration of the ``outer`` loops."""
-    strides = [prod(slots[k + 1:]) * size for k in range(len(slots))]
+def _join_groups(p: Stage, members: list, plan: _Plan, target: Target) -> tuple:
+    """:func:`_join` for a product with no outer loops: ``Target.threads``
+    groups share its blocks, a slot each; a block is a run of one head's
+    rows, the product's nest run for that head and those tiles."""
+    heads, groups = plan.heads, target.threads
+    tiles = -(-heads.rows // plan.mr)
+    per, nb = _blocks(tiles, plan.mr * plan.width * p.buffer.itemsize, target, groups, heads.count)
+    span, count = per * plan.mr, nb * heads.count
+    row = min(zip(plan.steps, plan.rows), key=lambda x: x[0])[1]
+    block, local, group = (var(f"{row.var.name}.{x}") for x in "BbG")
+    head, first = (idx(0), block) if heads.count == 1 else (floordiv(block, idx(nb)), mod(block, idx(nb)))
+    first_row = mul(first, idx(span))
+    product = _clipped(_below(p, []), plan.tiles, mul(first, idx(per)), per)
+    if len(plan.rows) == 1:
+        at = {row.var: add(add(mul(head, idx(heads.rows)), first_row), local)}
+    else:
+        at = {row.var: add(first_row, local), next(r for r in plan.rows if r is not row).var: head}
+    bodies = [map_stmt(row_body(st, plan.rows), substituter(at)) for st in members]
+    extent = idx(span) if heads.rows % span == 0 else minimum(idx(span), sub(idx(heads.rows), first_row))
+    members_nest = For(local, idx(0), extent, _flat(bodies))
+    size = span * plan.width
+    buffer = Buffer(p.buffer.name, (groups, span, plan.width), p.buffer.dtype, p.buffer.kind)
+    slot = mul(group, idx(size))
+    shift = mul(first_row, idx(plan.width))
+    if heads.atom is not None:                  # shrunk first: the product's index names the head by its atom
+        product = _one_head(_shrunk(product, p.buffer, buffer, add(mul(heads.atom, idx(heads.step)), shift), slot),
+                            heads.atom, head)
+    else:
+        product = _shrunk(product, p.buffer, buffer, shift, slot)
+    members_nest = _shrunk(members_nest, p.buffer, buffer, add(mul(head, idx(heads.step)), shift), slot)
+    lo = floordiv(mul(group, idx(count)), idx(groups))
+    nest = For(block, lo, sub(floordiv(mul(add(group, idx(1)), idx(count)), idx(groups)), lo),
+               Block((product, members_nest)))
+    stage = Stage("+".join(st.name for st in [p] + members), buffer, For(group, idx(0), idx(groups), nest, "parallel"))
+    return stage, buffer
 
-    def index(e):
+
+def _flat(bodies: list) -> Block:
+    return Block(tuple(s for b in bodies for s in (b.stmts if isinstance(b, Block) else (b,))))
+
+
+def _shrunk(nest, old: Buffer, new: Buffer, offset, slot):
+    """``nest`` with ``old`` replaced by ``new``: each index less ``offset``
+    (where the block's first element lies in ``old``) plus ``slot`` (where
+    its slot begins in ``new``)."""
+    (less, c_less), (more, c_more) = linear_form(offset), linear_form(slot)
+
+    def index(e):                       # the index's own terms keep their order, new ones go last
         terms, c = linear_form(e)
-        k = terms.pop(block, 0) - size      # the members number rows from the block's first, the product from 0
-        if k:
-            terms[block] = k
-        for lp, s in zip(outer, strides):
-            terms[lp.var] = s
-            c -= s * lp.lo.value
-        return from_linear(terms, c)
+        terms = dict(terms)
+        for atom, k in [(a, -k) for a, k in less.items()] + list(more.items()):
+            terms[atom] = terms.get(atom, 0) + k
+        return from_linear({a: k for a, k in terms.items() if k}, c - c_less + c_more)
 
     def load(x):
         if x.buffer is not old:

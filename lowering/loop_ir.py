@@ -716,52 +716,52 @@ def free_leaves(e: Expr) -> set:
 def linear_form(e: Expr):
     """``e`` as ``({atom: coefficient}, constant)`` with integer coefficients,
     where an atom is a variable or any sub-expression that is not affine
-    (``i // 2``, a load, a max); ``None`` unless ``e`` is an integer expression."""
+    (``i // 2``, a load, a max); ``None`` unless ``e`` is an integer expression.
+    ``s * (x % c) + c * s * (x // c)`` reads as ``s * x`` (``x == c * (x // c)
+    + x % c`` for floor division), so that an index into loops fused into one
+    (``a.i // T``, ``a.i % T``) over a buffer laid out row after row is
+    affine in the fused loop; mismatched coefficients keep both atoms."""
     if not (e.dtype.startswith("int")):
         return None
     terms, const_ = {}, 0
     stack = [(e, 1)]
     while stack:
-        node, k = stack.pop()
-        if k == 0:
-            continue
-        if isinstance(node, Const):
-            const_ += k * node.value
-        elif isinstance(node, BinOp) and node.op in ("add", "sub"):
-            stack += [(node.a, k), (node.b, k if node.op == "add" else -k)]
-        elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.b, Const):
-            stack.append((node.a, k * node.b.value))
-        elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.a, Const):
-            stack.append((node.b, k * node.a.value))
-        elif isinstance(node, Unary) and node.op == "neg":
-            stack.append((node.a, -k))
-        elif isinstance(node, Cast) and node.a.dtype.startswith("int") and node.to == "int64":
-            stack.append((node.a, k))
-        else:
-            terms[node] = terms.get(node, 0) + k
-    return _rejoin_quotients(terms), const_
+        while stack:
+            node, k = stack.pop()
+            if k == 0:
+                continue
+            if isinstance(node, Const):
+                const_ += k * node.value
+            elif isinstance(node, BinOp) and node.op in ("add", "sub"):
+                stack += [(node.a, k), (node.b, k if node.op == "add" else -k)]
+            elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.b, Const):
+                stack.append((node.a, k * node.b.value))
+            elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.a, Const):
+                stack.append((node.b, k * node.a.value))
+            elif isinstance(node, Unary) and node.op == "neg":
+                stack.append((node.a, -k))
+            elif isinstance(node, Cast) and node.a.dtype.startswith("int") and node.to == "int64":
+                stack.append((node.a, k))
+            else:
+                terms[node] = terms.get(node, 0) + k
+        pair = _quotient_pair(terms)
+        if pair is not None:                    # the dividend goes back in: it may be a sum
+            remainder, quotient = pair
+            stack.append((remainder.a, terms.pop(remainder)))
+            del terms[quotient]
+    return {a: c for a, c in terms.items() if c != 0}, const_
 
 
-def _rejoin_quotients(terms: dict) -> dict:
-    """``terms`` with each ``s * (x % c) + c * s * (x // c)`` read as ``s * x``
-    (``x == c * (x // c) + x % c`` for floor division), so that an index into
-    loops fused into one (``a.i // T``, ``a.i % T``) over a buffer laid out
-    row after row is affine in the fused loop; the rest stay atoms."""
-    changed = True
-    while changed:
-        changed = False
-        for atom, k in list(terms.items()):
-            if not (isinstance(atom, BinOp) and atom.op == "mod" and isinstance(atom.b, Const) and atom.b.value > 0):
-                continue
-            quotient = next((q for q in terms if isinstance(q, BinOp) and q.op == "floordiv"
-                             and q.a is atom.a and q.b is atom.b), None)
-            if quotient is None or terms[quotient] != k * atom.b.value:
-                continue
-            del terms[atom], terms[quotient]
-            terms[atom.a] = terms.get(atom.a, 0) + k
-            changed = True
-            break
-    return {a: c for a, c in terms.items() if c != 0}
+def _quotient_pair(terms: dict):
+    """``(x % c, x // c)`` among ``terms`` with coefficients ``s`` and ``c * s``
+    (``s`` not 0, ``c`` a positive constant), or None."""
+    for atom, k in terms.items():
+        if k and isinstance(atom, BinOp) and atom.op == "mod" and isinstance(atom.b, Const) and atom.b.value > 0:
+            for q, kq in terms.items():
+                if isinstance(q, BinOp) and q.op == "floordiv" and q.a is atom.a and q.b is atom.b \
+                        and kq == k * atom.b.value:
+                    return atom, q
+    return None
 
 
 def stride(e: Expr, v) -> int | None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from te_autodiff.expr import Cmp, Const
+from te_autodiff.expr import BinOp, Cmp, Const
 
 from .loop_ir import (Block, Check, For, If, Program, Simd, Stage, Store, linear_form, loads_in, map_stmt, stage_buffers,
                       stmt_exprs, substituter, walk)
@@ -116,18 +116,33 @@ def accesses(stmt, ranges: dict, out: list, visited=None):
 
 def narrowed(cond, ranges: dict):
     """The loop ranges in the two branches of ``if cond`` (a tile's remainder:
-    ``if j.o < n``); unchanged for any other condition."""
-    if not (isinstance(cond, Cmp) and cond.op == "lt" and isinstance(cond.b, Const)
-            and ranges.get(cond.a) is not None):
+    ``if j.o < n``, or ``if a.j.o % 25 < 24`` where heads and columns share
+    a loop: then the range of that atom); unchanged for any other condition."""
+    span = atom_range(cond.a, ranges) if isinstance(cond, Cmp) and cond.op == "lt" and \
+        isinstance(cond.b, Const) else None
+    if span is None:
         return ranges, ranges
-    (lo, hi), n = ranges[cond.a], cond.b.value
+    (lo, hi), n = span, cond.b.value
     return {**ranges, cond.a: (lo, min(hi, n - 1))}, {**ranges, cond.a: (max(lo, n), hi)}
+
+
+def atom_range(atom, ranges: dict):
+    """``(lo, hi)`` of a loop variable, or of ``x % c`` / ``x // c`` of one
+    (``c`` a positive constant), inside loops of ``ranges``; None otherwise."""
+    if atom in ranges:
+        return ranges[atom]
+    if not (isinstance(atom, BinOp) and atom.op in ("mod", "floordiv") and isinstance(atom.b, Const)
+            and atom.b.value > 0 and ranges.get(atom.a) is not None):
+        return None
+    c, (lo, hi) = atom.b.value, ranges[atom.a]
+    return (0, c - 1) if atom.op == "mod" else (lo // c, hi // c)
 
 
 def row_form(index, rows: list, ranges: dict):
     """``(steps, first, last)`` of an access at ``index``: its term in each of
     the ``rows`` loops (its stage's own) and the range of the rest; None
-    unless affine with every other term a loop of known range."""
+    unless affine with every other term a loop of known range (or ``x % c``,
+    ``x // c`` of one)."""
     form = linear_form(index)
     if form is None:
         return None
@@ -136,7 +151,7 @@ def row_form(index, rows: list, ranges: dict):
     for v, k in terms.items():
         if any(v is r.var for r in rows):
             continue
-        span = ranges.get(v)
+        span = atom_range(v, ranges)
         if span is None:
             return None
         lo, hi = lo + min(k * span[0], k * span[1]), hi + max(k * span[0], k * span[1])

@@ -58,6 +58,13 @@ def _rows(h: int, large: bool) -> int:
     return max(edge, isqrt(_block_bytes() // 4)) + 53 if large else edge // 2 + 1
 
 
+def _prime_from(n: int) -> int:
+    """The least prime from ``n`` on: no block of rows divides it."""
+    while any(n % f == 0 for f in range(2, isqrt(n) + 1)):
+        n += 1
+    return n
+
+
 def _build(inputs, outputs, joined: bool, monkeypatch):
     with monkeypatch.context() as m:
         if not joined:
@@ -190,6 +197,65 @@ def test_a_product_without_outer_loops_shares_blocks_among_thread_groups(rng, mo
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
     for g, w in zip(got, _numpy(*[a.reshape(1, T, 64) for a in arrays])):
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("h, d, dtype", [(2, 64, "float32"), (3, 48, "float32"), (3, 48, "float64"),
+                                         (5, 32, "float32")])
+def test_heads_a_product_computes_in_one_nest_join_a_block_of_one_head_at_a_time(rng, monkeypatch, h, d, dtype):
+    """Heads the threads do not share out as the scores' parallel root
+    (fewer than the root needs, or a count the threads do not divide):
+    the root is then a column loop with the heads' loop inside it, or a
+    loop of heads and columns collapsed into one that numbers a store's
+    head by ``x // c`` or ``x % c`` (which of these depends on the target).
+    A block is a run of one head's rows: the product's nest runs for that
+    head (its loop, or the collapsed loop's iterations of it) and the
+    block's tiles, and the ``T x T`` buffers shrink to a block a thread
+    group whatever the heads.  ``T`` is prime, so each head ends with a
+    short block.  Values as the stages run apart and as numpy's."""
+    t = te.target()
+    T = _prime_from(_rows(h, True))
+    inputs, outputs = _attention(h, T, d, dtype)
+    joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
+    stages = _stages(joined)
+    assert any({"S.r1", "row_max", "exp", "row_sum", "P"} <= s for s in stages), stages
+    assert any({"dP", "drow_sum", "dS.r1"} <= s for s in stages), stages
+    chain = joined.scheduled_ir.split("stage S.r1+")[1].splitlines()
+    root = chain[1].strip()
+    assert root.startswith("parallel for ") and root.endswith(f".G in 0..{t.threads}:"), root
+    for name in ("S.r1", "dP"):
+        kept = next(b for b in joined.program.buffers if b.name == name)
+        assert kept.shape[0] == t.threads and kept.shape[1] < T and kept.nbytes < h * T * T * kept.itemsize, kept
+        assert T % kept.shape[1], kept
+    arrays = _data(rng, (h, T, d), np.dtype(dtype))
+    got, same = joined(*arrays), apart(*arrays)
+    close = 1e-5 if dtype == "float32" else 1e-12
+    for g, w in zip(got, same):
+        np.testing.assert_allclose(g, w, rtol=close, atol=close * np.abs(w).max())
+    for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=100 * close, atol=20 * close * np.abs(w).max())
+
+
+def test_a_product_in_blocks_of_row_tiles_joins_by_its_tiles(rng, monkeypatch):
+    """One head in float64 whose ``Q`` rows exceed half of L2: the product
+    walks its row tiles in blocks of rows (``row_blocks.py``), a loop of
+    its own or a block's first tile added to the tile loop; a block of the
+    chain clips the tile loop, the blocks of tiles around it counted, so
+    the scores still shrink to a block a thread group.  Values as the
+    stages run apart and as numpy's."""
+    t, d = te.target(), 64
+    T = _prime_from(t.l2_bytes // (2 * d * 8) + 53)
+    inputs, outputs = _attention(1, T, d, "float64")
+    joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
+    assert any({"S.r1", "row_max", "exp", "row_sum", "P"} <= s for s in _stages(joined)), _stages(joined)
+    assert ".b in 0.." in apart.scheduled_ir.split("stage S.r1:")[1].split("stage ")[0]
+    kept = next(b for b in joined.program.buffers if b.name == "S.r1")
+    assert kept.shape[0] == t.threads and kept.shape[1] < T, kept
+    arrays = _data(rng, (1, T, d), np.float64)
+    got, same = joined(*arrays), apart(*arrays)
+    for g, w in zip(got, same):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12 * np.abs(w).max())
+    for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-10, atol=1e-11 * np.abs(w).max())
 
 
 def test_a_reduction_of_a_product_may_run_with_it(rng, monkeypatch):

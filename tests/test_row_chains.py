@@ -137,21 +137,26 @@ def test_accesses_judged_one_row_touch_disjoint_rows(extents, steps, spans, othe
 
 @settings(max_examples=200, deadline=None)
 @given(c=st.integers(2, 40), s=st.integers(-9, 9), extra=st.integers(-2, 2), t=st.integers(-5, 5),
+       summed=st.booleans(),
        points=st.lists(st.tuples(st.integers(-500, 500), st.integers(-50, 50)), min_size=1, max_size=5))
-def test_an_index_of_fused_loops_reads_as_affine(c, s, extra, t, points):
+def test_an_index_of_fused_loops_reads_as_affine(c, s, extra, t, summed, points):
     """Property: ``linear_form`` reads ``s * (x % c) + q * (x // c)`` as
     ``s * x`` exactly when ``q == c * s`` (loops fused into one, the buffer
-    laid out row after row) and keeps both atoms otherwise; either way the
-    form has the expression's value at every point, negative ones too."""
+    laid out row after row), the dividend ``x`` itself affine (a sum of
+    loops, as a block's first row plus a row in it) read into its terms,
+    and keeps both atoms otherwise; either way the form has the
+    expression's value at every point, negative ones too."""
     x, y = te_var("x"), te_var("y")
     q = c * s + extra
-    e = (x % c) * s + (x // c) * q + y * t + 3
+    dividend = x * 3 + y if summed else x
+    e = (dividend % c) * s + (dividend // c) * q + y * t + 3
     terms, const = linear_form(e)
     if s and not extra:
-        assert set(terms) <= {x, y} and terms.get(x) == s
+        assert set(terms) <= {x, y} and terms.get(x) == (3 * s if summed else s)
     elif s and q:
         assert any(getattr(a, "op", None) == "mod" for a in terms)
     for px, py in points:
         at = {x: idx(px), y: idx(py)}
+        d = 3 * px + py if summed else px
         value = const + sum(k * substitute(a, at).value for a, k in terms.items())
-        assert value == substitute(e, at).value == (px % c) * s + (px // c) * q + py * t + 3
+        assert value == substitute(e, at).value == (d % c) * s + (d // c) * q + py * t + 3
