@@ -24,14 +24,17 @@ that touches its buffer when
   of every ``R``, whose next loop, the *row* loop, walks ``P``'s rows.  A
   product with no such loops (its parallel root a column loop: one head,
   two or three, or none; or heads the threads do not share evenly, which
-  the root collapses with the columns) has none: its whole nest runs for
-  each block, a block being a run of one head's rows; the ``R`` walk rows
-  (and heads, in a loop of their own or collapsed with the rows); the
-  store's term in the buffer's head stride names its head (a loop's
-  variable, ``x // c`` or ``x % c`` of a collapsed loop ``x``), and the
-  loop behind it runs only the block's head.  The chain's parallel root
-  is then ``Target.threads`` groups of blocks, a slot each (a group runs
-  on one thread at a time whatever the threads of a call);
+  the root collapses with the columns; or a batch of heads the row stages
+  walk in other loops) has none: its whole nest runs for each block, a
+  block being a run of one head's rows.  A head is an element of the
+  buffer's leading axes (batch, heads); the store's terms in their strides
+  name it (a loop's variable, ``x // c`` or ``x % c`` of a collapsed loop
+  ``x``), and each loop behind them runs only its digit of the block's
+  head.  The ``R`` may walk the rows in up to three loops that lay them
+  row after row (a head's rows, heads merged with rows, the batch): each
+  runs its digit of the row.  The chain's parallel root is then
+  ``Target.threads`` groups of blocks, a slot each (a group runs on one
+  thread at a time whatever the threads of a call);
 - every store of ``P`` below the outer loops (and its head) is in a *row
   tile* loop, the innermost stepping whole rows, and writes ``MR`` rows
   of a tile, numbered by that loop's variable plus multiples of loops
@@ -57,7 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import gcd, prod
 
-from te_autodiff.expr import BinOp, Const, add, floordiv, maximum, minimum, mod, mul, sub, var
+from te_autodiff.expr import BinOp, add, floordiv, maximum, minimum, mod, mul, sub, var
 
 from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, Program, Stage, Store, free_leaves, from_linear,
                       linear_form, map_loops, map_stmt, stage_buffers, substituter, walk)
@@ -69,16 +72,16 @@ from .target import Target
 
 @dataclass(frozen=True)
 class _Heads:
-    """The heads a product with no outer loops computes in one nest: ``count``
-    of them, ``rows`` rows each, ``step`` elements apart in its buffer;
-    ``atom`` numbers a store's head in the product (its loop's variable, or
-    ``x // c`` or ``x % c`` of a loop ``x`` that walks heads and columns
-    together), None for one head."""
+    """The heads a product with no outer loops computes in one nest (the
+    buffer's leading axes: batch and heads): ``count`` of them, ``rows``
+    rows each; ``atoms`` pairs each term of a store's index in a leading
+    axis (a loop's variable, or ``x // c`` or ``x % c`` of a loop ``x``
+    that walks heads and columns together) with how many heads one step of
+    it moves and how many values it takes; none for one head."""
 
     count: int
     rows: int
-    step: int
-    atom: object
+    atoms: tuple
 
 
 @dataclass(frozen=True)
@@ -131,43 +134,41 @@ def _row_tile(terms: dict, lo: int, ranges: dict, loops: dict, width: int):
     return (tile, base, step // width) if 0 <= lo and hi < step else None
 
 
-def _heads(terms: dict, ranges: dict, loops: dict, width: int, rows: int, strides: set, alone: bool) -> list:
-    """``(atom, step, rows a head)`` for each term of a store's index that
-    may number its head among the ``rows`` the members walk, largest
-    first: a loop's variable, or ``x // c`` or ``x % c`` of a loop ``x``, its coefficient
-    one of the ``strides`` (of the buffer's leading axes: the store then
-    writes element ``(head, row, column)`` of a head of ``step // width``
-    rows) that splits the rows evenly, its values heads of those rows;
-    ``(None, 0, rows)`` last (one head) if the members do not walk heads
-    in a loop of their own (``alone``)."""
-    found = []
+def _head_atoms(terms: dict, ranges: dict, loops: dict, shape: tuple, width: int):
+    """``(atoms, rest)``: the terms of a store's index in the buffer's leading
+    axes (``shape[:-2]``; each row of ``width`` elements), as
+    ``(atom, heads a step, values)`` (outermost axis first), and the other
+    terms; None if such a term is not a loop's variable, ``x // c`` or
+    ``x % c`` of one, within its axis, or two name one loop."""
+    if len(shape) < 3 or shape[-1] != width:
+        return (), terms
+    unit = shape[-2] * width
+    axes = {prod(shape[k + 1:]): shape[k] for k in range(len(shape) - 2)}
+    atoms, rest = [], dict(terms)
     for a, k in terms.items():
+        span = atom_range(a, ranges)
+        if k % unit or span == (0, 0):
+            continue
         v = a if a in loops else a.a if isinstance(a, BinOp) and a.op in ("floordiv", "mod") and a.a in loops \
             else None
-        span = atom_range(a, ranges) if v is not None else None
-        if span is None or k not in strides or k % width or [*terms.values()].count(k) > 1:
-            continue
-        per = k // width
-        if per < rows and rows % per == 0 and 0 <= span[0] and span[1] < rows // per:
-            found.append((a, k, per))
-    return sorted(found, key=lambda f: -f[1]) + ([(None, 0, rows)] if alone else [])
+        if v is None or k not in axes or span is None or span[0] < 0 or span[1] >= axes[k]:
+            return None
+        atoms.append((a, k // unit, axes[k], v))
+        del rest[a]
+    if len({v for *_, v in atoms}) < len(atoms):
+        return None
+    return tuple(sorted((x[:3] for x in atoms), key=lambda x: -x[1])), rest
 
 
-def _tile_loops(p: Stage, outer: list, steps: tuple, width: int, rows: int = 0, step=None):
+def _tile_loops(p: Stage, outer: list, steps: tuple, width: int, rows: int = 0):
     """``(tiles, mr, heads)`` of product ``p`` (see :class:`_Plan`): every
     store in its nest below the ``outer`` loops goes to its own buffer, in
     a row tile loop, every tile ``mr`` rows; with no outer loops, the heads
-    of ``rows`` rows the members walk (``step`` apart when they walk heads
-    in a loop of their own), the largest term that leaves a row tile;
-    None otherwise."""
+    (:class:`_Heads`) among the ``rows`` the members walk; None otherwise."""
     found, inner = [], _below(p, outer)
     accesses(inner, {}, found)
     loops = {s.var: s for s in walk(inner) if isinstance(s, For)}
     heads, tiles, mrs = set(), {}, set()
-    shape = p.buffer.shape
-    strides = {prod(shape[k + 1:]) for k in range(len(shape) - 2)}
-    if step is not None:
-        strides &= {step}
     for b, index, ranges, store in found:
         if not store:
             continue
@@ -177,12 +178,13 @@ def _tile_loops(p: Stage, outer: list, steps: tuple, width: int, rows: int = 0, 
         terms, lo = dict(form[0]), form[1]
         if any(terms.pop(lp.var, 0) != k for lp, k in zip(outer, steps)):
             return None
-        row = _row_tile(terms, lo, ranges, loops, width) if outer else None
-        for head in [] if outer else _heads(terms, ranges, loops, width, rows, strides, step is None):
-            row = _row_tile({a: k for a, k in terms.items() if a is not head[0]}, lo, ranges, loops, width)
-            if row is not None:
-                heads.add(head)
-                break
+        if not outer:
+            split = _head_atoms(terms, ranges, loops, p.buffer.shape, width)
+            if split is None:
+                return None
+            heads.add(split[0])
+            terms = split[1]
+        row = _row_tile(terms, lo, ranges, loops, width)
         if row is None or tiles.setdefault(row[0], row[1]) != row[1]:
             return None
         mrs.add(row[2])
@@ -191,8 +193,11 @@ def _tile_loops(p: Stage, outer: list, steps: tuple, width: int, rows: int = 0, 
     (mr,) = mrs
     if outer:
         return tiles, mr, None
-    atom, k, per = heads.pop()
-    return tiles, mr, _Heads(rows // per, per, k, atom)
+    (atoms,) = heads
+    per = p.buffer.shape[-2] if atoms else rows
+    if rows % per or (atoms and rows != prod(p.buffer.shape[:-1])):
+        return None
+    return tiles, mr, _Heads(rows // per, per, atoms)
 
 
 def _below(p: Stage, outer: list):
@@ -230,7 +235,7 @@ def _plan(p: Stage, members: list) -> _Plan | None:
     """How ``p`` joins ``members`` (see the module doc), or None."""
     if p.buffer in stage_buffers(p)[1]:
         return None
-    for outer, depth in [(n, 1) for n in range(len(opening_loops(p)), 0, -1)] + [(0, 1), (0, 2)]:
+    for outer, depth in [(n, 1) for n in range(len(opening_loops(p)), 0, -1)] + [(0, 1), (0, 2), (0, 3)]:
         rows = _rows_of(p, members, outer, depth)
         if rows is None:
             continue
@@ -246,12 +251,10 @@ def _plan(p: Stage, members: list) -> _Plan | None:
         steps = forms[p.buffer][0][0]
         if outer:
             found = _tile_loops(p, rows[:-1], steps[:-1], steps[-1])
-        elif depth == 1:
-            found = _tile_loops(p, [], (), steps[0], rows[0].extent.value)
-        else:                                   # rows and heads: one head's rows lie row after row
-            (width, count), (step, _) = sorted(zip(steps, [r.extent.value for r in rows]))
-            found = _tile_loops(p, [], (), width, prod(r.extent.value for r in rows), step) \
-                if step == width * count else None
+        else:                                   # the rows lie row after row: one flat run of them
+            radix = sorted(zip(steps, [r.extent.value for r in rows]))
+            flat = all(big == small * n for (small, n), (big, _) in zip(radix, radix[1:]))
+            found = _tile_loops(p, [], (), radix[0][0], prod(r.extent.value for r in rows)) if flat else None
         if found is not None:
             return _Plan(rows, steps, min(steps) if not outer else steps[-1], found[1], found[0], found[2])
     return None
@@ -344,33 +347,36 @@ def _join(p: Stage, members: list, plan: _Plan, target: Target) -> tuple:
 def _join_groups(p: Stage, members: list, plan: _Plan, target: Target) -> tuple:
     """:func:`_join` for a product with no outer loops: ``Target.threads``
     groups share its blocks, a slot each; a block is a run of one head's
-    rows, the product's nest run for that head and those tiles."""
+    rows, the product's nest run for that head (each leading axis's loop
+    for its digit of the head) and those tiles; the members walk the
+    block's rows of their flat run, each row loop its digit of the row."""
     heads, groups = plan.heads, target.threads
     tiles = -(-heads.rows // plan.mr)
     per, nb = _blocks(tiles, plan.mr * plan.width * p.buffer.itemsize, target, groups, heads.count)
     span, count = per * plan.mr, nb * heads.count
-    row = min(zip(plan.steps, plan.rows), key=lambda x: x[0])[1]
-    block, local, group = (var(f"{row.var.name}.{x}") for x in "BbG")
+    radix = sorted(zip(plan.steps, plan.rows), key=lambda x: x[0])
+    block, local, group = (var(f"{radix[0][1].var.name}.{x}") for x in "BbG")
     head, first = (idx(0), block) if heads.count == 1 else (floordiv(block, idx(nb)), mod(block, idx(nb)))
     first_row = mul(first, idx(span))
-    product = _clipped(_below(p, []), plan.tiles, mul(first, idx(per)), per)
-    if len(plan.rows) == 1:
-        at = {row.var: add(add(mul(head, idx(heads.rows)), first_row), local)}
-    else:
-        at = {row.var: add(first_row, local), next(r for r in plan.rows if r is not row).var: head}
+    row = add(first_row, local) if heads.count == 1 else add(add(mul(head, idx(heads.rows)), first_row), local)
+    at = {}
+    for k, (_, lp) in enumerate(radix):         # a row loop's digit of the row: (row // below) % extent
+        at[lp.var] = row if k == len(radix) - 1 else mod(row, lp.extent)
+        row = floordiv(row, lp.extent)
     bodies = [map_stmt(row_body(st, plan.rows), substituter(at)) for st in members]
     extent = idx(span) if heads.rows % span == 0 else minimum(idx(span), sub(idx(heads.rows), first_row))
     members_nest = For(local, idx(0), extent, _flat(bodies))
-    size = span * plan.width
+    unit = heads.rows * plan.width
     buffer = Buffer(p.buffer.name, (groups, span, plan.width), p.buffer.dtype, p.buffer.kind)
-    slot = mul(group, idx(size))
+    slot = mul(group, idx(span * plan.width))
     shift = mul(first_row, idx(plan.width))
-    if heads.atom is not None:                  # shrunk first: the product's index names the head by its atom
-        product = _one_head(_shrunk(product, p.buffer, buffer, add(mul(heads.atom, idx(heads.step)), shift), slot),
-                            heads.atom, head)
-    else:
-        product = _shrunk(product, p.buffer, buffer, shift, slot)
-    members_nest = _shrunk(members_nest, p.buffer, buffer, add(mul(head, idx(heads.step)), shift), slot)
+    offset = shift
+    for atom, step, _ in heads.atoms:
+        offset = add(offset, mul(atom, idx(step * unit)))
+    product = _shrunk(_clipped(_below(p, []), plan.tiles, mul(first, idx(per)), per), p.buffer, buffer, offset, slot)
+    for atom, step, values in heads.atoms:      # after the shrink: the product's index names a head by its atoms
+        product = _one_head(product, atom, mod(floordiv(head, idx(step)), idx(values)))
+    members_nest = _shrunk(members_nest, p.buffer, buffer, add(mul(head, idx(unit)), shift), slot)
     lo = floordiv(mul(group, idx(count)), idx(groups))
     nest = For(block, lo, sub(floordiv(mul(add(group, idx(1)), idx(count)), idx(groups)), lo),
                Block((product, members_nest)))

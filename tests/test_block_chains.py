@@ -33,13 +33,13 @@ def _numpy(q, k, v, hh, reverse=False):
     """The loss and its gradients in float64, by hand."""
     q, k, v, hh = (x.astype(np.float64) for x in (q, k, v, hh))
     scale = q.shape[-1] ** -0.5
-    s = q @ k.transpose(0, 2, 1) * scale
-    m = (s[:, ::-1] if reverse else s).max(-1, keepdims=True)
+    s = q @ k.swapaxes(-1, -2) * scale
+    m = (s[..., ::-1, :] if reverse else s).max(-1, keepdims=True)
     p = np.exp(s - m)
     p /= p.sum(-1, keepdims=True)
-    dp = hh @ v.transpose(0, 2, 1)
+    dp = hh @ v.swapaxes(-1, -2)
     ds = p * (dp - np.sum(dp * p, -1, keepdims=True)) * scale
-    return [np.vdot(p @ v, hh), ds @ k, ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ hh]
+    return [np.vdot(p @ v, hh), ds @ k, ds.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ hh]
 
 
 def _block_bytes() -> int:
@@ -167,6 +167,23 @@ def _attention_2d(T: int, d: int):
     return [Q, K, V, H], [loss, *te.gradient(loss, [Q, K, V])]
 
 
+def _attention_4d(b: int, h: int, T: int, d: int):
+    """``_attention`` over a batch: ``Q``, ``K``, ``V``, ``H`` are ``b x h x T x d``."""
+    Q, K, V, H = (te.placeholder((b, h, T, d), "float32", n) for n in "QKVH")
+    k, j1, j2, j3 = (te.reduce_axis(n, name) for n, name in ((d, "k"), (T, "j"), (T, "j"), (T, "j")))
+    S = te.compute((b, h, T, T), lambda x, a, i, j: te.sum(Q[x, a, i, k] * K[x, a, j, k], axis=k) * d ** -0.5,
+                   name="S")
+    M = te.compute((b, h, T), lambda x, a, i: te.max(S[x, a, i, j1], axis=j1), name="row_max")
+    E = te.compute((b, h, T, T), lambda x, a, i, j: te.exp(S[x, a, i, j] - M[x, a, i]), name="exp")
+    Z = te.compute((b, h, T), lambda x, a, i: te.sum(E[x, a, i, j2], axis=j2), name="row_sum")
+    P = te.compute((b, h, T, T), lambda x, a, i, j: E[x, a, i, j] / Z[x, a, i], name="P")
+    O = te.compute((b, h, T, d), lambda x, a, i, c: te.sum(P[x, a, i, j3] * V[x, a, j3, c], axis=j3), name="O")
+    r = [te.reduce_axis(n, f"r{x}") for x, n in enumerate((b, h, T, d))]
+    loss = te.compute((1,), lambda _: te.sum(O[r[0], r[1], r[2], r[3]] * H[r[0], r[1], r[2], r[3]], axis=r),
+                      name="loss")
+    return [Q, K, V, H], [loss, *te.gradient(loss, [Q, K, V])]
+
+
 @pytest.mark.parametrize("form", ["one head", "no head axis"])
 def test_a_product_without_outer_loops_shares_blocks_among_thread_groups(rng, monkeypatch, form):
     """One head (its loop of one iteration) or none: the scores' parallel
@@ -256,6 +273,34 @@ def test_a_product_in_blocks_of_row_tiles_joins_by_its_tiles(rng, monkeypatch):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12 * np.abs(w).max())
     for g, w in zip(got, _numpy(*arrays)):
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-10, atol=1e-11 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("b, h", [(2, 4), (2, 3)])
+def test_a_batch_of_heads_joins_a_block_of_one_head_at_a_time(rng, monkeypatch, b, h):
+    """Attention over a batch of heads (``b x h x T x d``): the scores'
+    buffer has two leading axes, whichever loops (or collapsed loops) the
+    product walks them by, and the row stages may walk heads and rows as
+    one merged loop with the batch outside it.  A block is a run of one
+    (batch, head)'s rows, each leading axis's loop running its digit of
+    that pair, the row stages' loops their digits of the row; both
+    ``T x T`` buffers shrink to a block a thread group, or a slot an
+    outer loop.  Values as the stages run apart and as numpy's."""
+    t = te.target()
+    T = _prime_from(_rows(b * h, True))
+    inputs, outputs = _attention_4d(b, h, T, 32)
+    joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
+    stages = _stages(joined)
+    assert any({"S.r1", "row_max", "exp", "row_sum", "P"} <= s for s in stages), stages
+    assert any({"dP", "drow_sum", "dS.r1"} <= s for s in stages), stages
+    for name in ("S.r1", "dP"):
+        kept = next(x for x in joined.program.buffers if x.name == name)
+        assert kept.nbytes <= max(t.threads, b * h) * (_block_bytes() + 16 * kept.shape[-1] * 4), kept
+    arrays = _data(rng, (b, h, T, 32), np.float32)
+    got, same = joined(*arrays), apart(*arrays)
+    for g, w in zip(got, same):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
+    for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
 
 
 def test_a_reduction_of_a_product_may_run_with_it(rng, monkeypatch):
