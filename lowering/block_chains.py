@@ -18,7 +18,9 @@ A product ``P`` joins the stages ``R1, R2...`` after it up to the last
 that touches its buffer when
 
 - the buffer is a temporary, ``P`` does not read it, no ``R`` writes it or
-  a buffer ``P`` touches, and no stage among them keeps to itself;
+  a buffer ``P`` touches, and no stage among them keeps to itself; ``P``
+  is not a copy (a packed panel: the product after it reads each element
+  once a row tile, and joined to its copy could not join its own rows);
 - ``P``'s scheduled nest opens with constant loops, the first parallel;
   the first of them (its *outer* loops) have the ranges of the first loops
   of every ``R``, whose next loop, the *row* loop, walks ``P``'s rows.  A
@@ -64,8 +66,8 @@ from te_autodiff.expr import BinOp, add, floordiv, maximum, minimum, mod, mul, s
 
 from .loop_ir import (Block, BufLoad, Buffer, For, GuardedLoad, Program, Stage, Store, free_leaves, from_linear,
                       linear_form, map_loops, map_stmt, stage_buffers, substituter, walk)
-from .row_chains import (accesses, atom_range, keeps_to_itself, matching_loops, one_row, opening_loops, row_body,
-                         row_form, worth_joining)
+from .row_chains import (accesses, atom_range, is_copy, keeps_to_itself, matching_loops, one_row, opening_loops,
+                         row_body, row_form, worth_joining)
 from .schedule.constructors import idx
 from .target import Target
 
@@ -426,7 +428,7 @@ def join_blocks(program: Program, target: Target) -> Program:
     while n < len(stages):
         p, plan = stages[n], None
         last = max(users[p.buffer])
-        if p.buffer.kind == "temp" and last > n and not keeps_to_itself(p) and \
+        if p.buffer.kind == "temp" and last > n and not keeps_to_itself(p) and not is_copy(p) and \
                 not any(keeps_to_itself(st) for st in stages[n + 1:last + 1]):
             plan = _plan(p, stages[n + 1:last + 1])
         if plan is None or plan.mr * plan.width * p.buffer.itemsize > _block_bytes(target) or \

@@ -43,8 +43,8 @@ from dataclasses import replace
 
 from te_autodiff.expr import BinOp, Cmp, Const
 
-from .loop_ir import (Block, Check, For, If, Program, Simd, Stage, Store, linear_form, loads_in, map_stmt, stage_buffers,
-                      stmt_exprs, substituter, walk)
+from .loop_ir import (Block, BufLoad, Check, For, GuardedLoad, If, Program, Simd, Stage, Store, linear_form, loads_in,
+                      map_stmt, stage_buffers, stmt_exprs, substituter, walk)
 from .target import Target
 
 
@@ -253,6 +253,21 @@ def _buffers(stage: Stage, seen: dict) -> tuple:
     return seen[key]
 
 
+def is_copy(stage: Stage) -> bool:
+    """Whether every store of ``stage`` writes a value it loads: a copy (a
+    product's packed panel, a padded input)."""
+    return all(isinstance(s.value, (BufLoad, GuardedLoad)) for s in walk(stage.body) if isinstance(s, Store))
+
+
+def _copies_into(chain: list, stage: Stage) -> bool:
+    """Whether ``chain`` only copies and ``stage`` does not: the reader of a
+    copy reads each element many times (a panel once a row tile), so a row
+    of the copy still in L1 saves it little, and joined to its copy a
+    product could no longer run with its own row stages
+    (``block_chains.py``)."""
+    return all(is_copy(c) for c in chain) and not is_copy(stage)
+
+
 def keeps_to_itself(stage: Stage) -> bool:
     """A stage that keeps to itself (see the module doc)."""
     return stage.fixed or stage.apart or stage.sort is not None or stage.step is not None or \
@@ -270,7 +285,7 @@ def join_rows(program: Program, target: Target) -> Program:
         chain.clear()
 
     for st in program.stages:
-        if not keeps_to_itself(st) and chain and _touches_written(chain, st, seen):
+        if not keeps_to_itself(st) and chain and _touches_written(chain, st, seen) and not _copies_into(chain, st):
             d = _rows_for(chain + [st], target, seen)
             if d and (len(chain) == 1 or d == depth):
                 chain.append(st)

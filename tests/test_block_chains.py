@@ -303,6 +303,36 @@ def test_a_batch_of_heads_joins_a_block_of_one_head_at_a_time(rng, monkeypatch, 
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
 
 
+@pytest.mark.parametrize("copy_joins", [False, True])
+def test_a_product_joins_its_rows_not_its_copy(rng, monkeypatch, copy_joins):
+    """Three heads on the AVX2 build: the key panels' copy and the scores'
+    product walk the same loops (column panels, heads), and the copy, a
+    thread's share, would leave L2 (``T`` 1024): row chains would run the
+    copy a panel at a time before the product, which then could not run
+    with its softmax a block of rows at a time.  A chain of copies takes
+    in no stage that is not one; with that rule off (``copy_joins``) the
+    copy joins the product and both ``T x T`` buffers stay whole.  Values
+    as numpy's where this machine runs the AVX2 build."""
+    from lowering import row_chains
+    if copy_joins:
+        monkeypatch.setattr(row_chains, "_copies_into", lambda chain, stage: False)
+    target, T = te.target("haswell"), 1021
+    inputs, outputs = _attention(3, T, 64)
+    program = pipeline.lower_for(inputs, outputs, target=target).scheduled
+    names = [set(st.name.split("+")) for st in program.stages]
+    assert ({"K.packed", "S.r1"} in names) == copy_joins, names
+    assert any({"S.r1", "row_max", "exp", "row_sum", "P"} <= n for n in names) != copy_joins, names
+    kept = next(b for b in program.buffers if b.name == "S.r1")
+    assert (kept.nbytes < 3 * T * T * 4) != copy_joins, kept
+    host = te.target()
+    if copy_joins or not (host.x86 and host.vector_bytes >= 32):
+        return
+    arrays = _data(rng, (3, T, 64), np.float32)
+    got = te.build(inputs, outputs, target=target)(*arrays)
+    for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+
+
 def test_a_reduction_of_a_product_may_run_with_it(rng, monkeypatch):
     """``Σ (A B) · H`` with ``C = A B`` of 4 MB: the partial sums read ``C``
     in parts of rows, each part a row of the chain.  Where the product's
