@@ -145,7 +145,7 @@ def _head_atoms(terms: dict, ranges: dict, loops: dict, shape: tuple, width: int
     if len(shape) < 3 or shape[-1] != width:
         return (), terms
     unit = shape[-2] * width
-    axes = {prod(shape[k + 1:]): shape[k] for k in range(len(shape) - 2)}
+    axes = {prod(shape[k + 1:]): shape[k] for k in range(len(shape) - 2) if shape[k] > 1}   # one head: 0 only
     atoms, rest = [], dict(terms)
     for a, k in terms.items():
         span = atom_range(a, ranges)

@@ -275,12 +275,13 @@ def test_a_product_in_blocks_of_row_tiles_joins_by_its_tiles(rng, monkeypatch):
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-10, atol=1e-11 * np.abs(w).max())
 
 
-@pytest.mark.parametrize("b, h", [(2, 4), (2, 3)])
+@pytest.mark.parametrize("b, h", [(2, 4), (2, 3), (3, 1)])
 def test_a_batch_of_heads_joins_a_block_of_one_head_at_a_time(rng, monkeypatch, b, h):
     """Attention over a batch of heads (``b x h x T x d``): the scores'
     buffer has two leading axes, whichever loops (or collapsed loops) the
     product walks them by, and the row stages may walk heads and rows as
-    one merged loop with the batch outside it.  A block is a run of one
+    one merged loop with the batch outside it; an axis of one head (whose
+    stride is the batch's) names no head.  A block is a run of one
     (batch, head)'s rows, each leading axis's loop running its digit of
     that pair, the row stages' loops their digits of the row; both
     ``T x T`` buffers shrink to a block a thread group, or a slot an
