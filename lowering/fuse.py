@@ -34,12 +34,15 @@ Two rules, applied until neither applies:
    locals at the top of the innermost of those loops, and its buffer
    disappears.  Only when that computes each element at most once (the
    loops around that point are those loops) and, for a producer whose
-   element is a reduction, only into a reader that copies it (a crop), or
+   element is a reduction, only into a reader that copies it (a crop),
    into a reduction loop of a reader of several elements when the producer
    is no contraction (``min_j Σ_e (C[j, e] - P[i, e])²``: no ``n x k``
-   temporary; a contraction's epilogue stays a stage of its own, so the
-   schedule can still tile and block it).  Elements nobody reads are not
-   computed at all.
+   temporary), or into the element loop of a map over its elements, again
+   no contraction (``y[i] = -r[i] / z[i]²`` of a row sum ``r``: one row
+   reduction with an epilogue, which ``row_chains.py`` joins with the
+   stages over the same rows; a contraction's epilogue stays a stage of its
+   own, so the schedule can still tile and block it).  Elements nobody
+   reads are not computed at all.
 
 Stages inside a scan's time loop (``Stage.step``) take part in neither.
 
@@ -450,9 +453,19 @@ def _inline_plan(p: _Shape, reader: Stage):
     around = _enclosing(reader.body, inner) + [inner]
     if any(lp not in mapped and not (_const_loop(lp) and lp.extent.value == 1) for lp in around):
         return None                                  # it would compute elements more than once
-    if not _straight(p.body) and not _copies(element, loads[0]) and not _into_reduction(p, reader, inner, element):
-        return None                                  # a reduction: into a copy of its window or another reduction
+    if not _straight(p.body) and not _copies(element, loads[0]) and not _into_reduction(p, reader, inner, element) \
+            and not _into_map(p, inner, element):
+        return None                                  # a reduction: into a copy, another reduction or a map
     return inner, mapping, loads[0]
+
+
+def _into_map(p: _Shape, inner: For, element: For) -> bool:
+    """Whether the reduction ``p`` may be computed in the element loop of a
+    map over its elements (``r = Σ_j x[i, j]; y[i] = -r / (z[i] z[i])``):
+    the map becomes a row reduction with that epilogue, which row chains
+    join with the stages over the same rows; ``p`` no contraction (its
+    register tile stores the sums alone)."""
+    return inner is element and _straight(element.body) and not _contraction(p.body, {lp.var for lp in p.loops})
 
 
 def _into_reduction(p: _Shape, reader: Stage, inner: For, element: For) -> bool:

@@ -177,6 +177,31 @@ def test_a_contraction_stays_a_stage_under_the_reduction_reading_it(rng, form):
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("form", ["row sum", "product"])
+def test_a_reduction_is_computed_in_the_map_reading_it(rng, form):
+    """``y[i] = -r[i] / (z[i] z[i])`` of a row sum ``r`` (the adjoint of a
+    ``1 / Σ`` in a softmax's gradient): one stage, the row reduction with
+    that epilogue, no temporary for ``r``; of a product ``r = A B`` the
+    contraction keeps its register-tiled stage.  The same values."""
+    X, Y = te.placeholder((40, 24), "float64", "X"), te.placeholder((40, 24), "float64", "Y")
+    Z = te.placeholder((40, 24), "float64", "Z")
+    j = te.reduce_axis(24, "j")
+    if form == "row sum":
+        R = te.compute((40,), lambda i: te.sum(X[i, j] * Y[i, j], axis=j), name="r")
+        out = te.compute((40,), lambda i: -R[i] / (Z[i, 0] * Z[i, 0]), name="y")
+    else:
+        R = te.compute((40, 40), lambda i, c: te.sum(X[i, j] * Y[c, j], axis=j), name="r")
+        out = te.compute((40, 40), lambda i, c: -R[i, c] / (Z[i, 0] * Z[c, 0]), name="y")
+    x, y, z = (rng.standard_normal((40, 24)) for _ in range(3))
+    fused, got, want = both([X, Y, Z], [out], [x, y, z], store=[R])
+    assert [st.name for st in fused.stages if "y" in st.name.split("+")] == (["r+y"] if form == "row sum" else ["y"])
+    assert ("r" in temps(fused)) == (form == "product")
+    assert_same(got, want)
+    r = (x * y).sum(1) if form == "row sum" else x @ y.T
+    np.testing.assert_allclose(got[0], -r / (z[:, 0] * z[:, 0] if form == "row sum" else np.outer(z[:, 0], z[:, 0])),
+                               rtol=1e-12)
+
+
 def test_a_reduction_is_not_computed_inside_a_reduction_to_one_element(rng):
     """The sum over rows would run one element at a time: ``P`` keeps its stage."""
     A = te.placeholder((64, 64), "float32", "A")
