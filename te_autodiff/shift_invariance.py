@@ -37,7 +37,14 @@ with ``Z`` a sum of ``E`` (of ``exp(b_c - a_Z)``), the edges from each ``b
 
 The cancellation holds whichever elements of ``E`` the ratios read and the
 sum adds (a causal mask, ``cond ? E[i, c] : 0``): ``g_Z`` gathers exactly
-the ratios' terms, and the exponentials the sum adds make ``Z``.
+the ratios' terms, and the exponentials the sum adds make ``Z``.  It holds
+too when the shifted exponent is scaled, ``exp((b - a) / t)`` or ``exp(c (b
+- a))`` (a temperature, attention's ``1/√d``), the numerator's factors
+those of the sum at ``idx'``: ``a``'s route through ``b - a`` carries the
+same factor both ways; and when the ratio is written ``E[idx] · (c /
+Z[idx'])`` (inline, or a tensor ``R = c / Z`` that ``T`` alone reads), ``c``
+a constant: ``Z``'s adjoint is the ratio's times ``-c / Z^2``, the same
+``-sum_j g_j E_j / Z^2`` up to the factor ``c`` both routes share.
 
 ``b_c`` and ``a`` may depend on anything, ``a`` itself included: only the
 cancelling edges are cut, every other route is differentiated as written.
@@ -70,22 +77,52 @@ def _parents(root) -> dict:
     return out
 
 
-def _exp_shift(node):
-    """The node ``b - a`` when ``node`` is ``exp(b - a)``; None otherwise."""
-    if isinstance(node, Unary) and node.op == "exp" and isinstance(node.a, BinOp) and node.a.op == "sub":
-        return node.a
+def _exp_shift(node, parents=None):
+    """``(d, factors)`` when ``node`` is ``exp(f)`` with ``f`` the node ``d =
+    b - a`` times or divided by ``factors`` (``((op, side, x), ...)``: a
+    temperature, ``exp((b - a) / t)``), every node from ``f`` down to ``d``
+    used once in the body ``parents`` maps, so that cutting ``d``'s edge to
+    ``a`` cuts no other route; None otherwise.  Without ``parents`` ``f``
+    must be ``b - a`` itself."""
+    if not (isinstance(node, Unary) and node.op == "exp"):
+        return None
+    if parents is not None:
+        return _scaled_shift(node.a, node, parents)
+    return (node.a, ()) if isinstance(node.a, BinOp) and node.a.op == "sub" else None
+
+
+def _scaled_shift(f, parent, parents):
+    """``(d, factors)`` of :func:`_exp_shift` for ``f``, a child of ``parent``."""
+    if parents.get(f) != [parent] or not isinstance(f, BinOp):
+        return None
+    if f.op == "sub":
+        return f, ()
+    for inner, side in ((f.a, 1), (f.b, 0))[:{"mul": 2, "div": 1}.get(f.op, 0)]:     # (b - a) / t, not t / (b - a)
+        found = _scaled_shift(inner, f, parents)
+        if found is not None:
+            return found[0], found[1] + ((f.op, side, (f.a, f.b)[side]),)
     return None
 
 
 def _shifted_sum(r):
     """The node ``b_c - a_R`` when ``r`` is ``sum_c exp(b_c - a_R)``; None otherwise."""
     body = lifted(r).body
-    return _exp_shift(body.body) if isinstance(body, Reduce) and body.op == "sum" else None
+    found = _exp_shift(body.body) if isinstance(body, Reduce) and body.op == "sum" else None
+    return found and found[0]
 
 
 def _shift_at(d, t, indices):
     """The shift ``a`` of ``d`` (``b - a`` in ``t``'s body) at ``t[indices]``."""
     return substitute(d.b, dict(zip(lifted(t).axes, indices)))
+
+
+def _key(found, axes, indices) -> tuple:
+    """The shift and the factors of ``_exp_shift``'s ``found`` with ``axes``
+    replaced by ``indices``: two exponentials with equal keys shift by the
+    same ``a`` and scale it alike."""
+    d, factors = found
+    at = dict(zip(axes, indices))
+    return (substitute(d.b, at),) + tuple((op, side, substitute(x, at)) for op, side, x in factors)
 
 
 def _logsumexp(t, body, parents, users):
@@ -108,31 +145,78 @@ def _logsumexp(t, body, parents, users):
 
 
 def _normalised(t, body, parents, users):
-    """``(tensor, edge)`` cuts for each ``E[idx] / Z[idx']`` or ``exp(b - a) /
-    Z[idx']`` in ``t``'s ``body``."""
-    for node in topo_order([body]):
-        if not (isinstance(node, BinOp) and node.op == "div" and isinstance(node.b, Load)):
-            continue
-        z, num = node.b.tensor, node.a
-        zbody = None if z.is_placeholder or set(users.get(z, ())) != {t} else lifted(z).body
-        if not (isinstance(zbody, Reduce) and zbody.op == "sum") or _reads(parents(), z) != [node.b] \
-                or parents()[node.b] != [node] or parents().get(num) != [node]:
+    """``(tensor, edge)`` cuts for each ratio of an exponential to its sum
+    in ``t``'s ``body`` (``_ratios``)."""
+    for num, z, at_z in _ratios(t, body, parents, users):
+        zbody = lifted(z).body
+        if not (isinstance(zbody, Reduce) and zbody.op == "sum"):
             continue
         term = _summand(zbody.body)
+        z_axes = lifted(z).axes
         if isinstance(num, Load) and isinstance(term, Load) and num.tensor is term.tensor:
             e = num.tensor
-            d = None if e.is_placeholder or set(users.get(e, ())) != {t, z} else _exp_shift(lifted(e).body)
-            if d is None or _reads(parents(), e) != [num]:
+            if e.is_placeholder or set(users.get(e, ())) != {t, z} or _reads(parents(), e) != [num]:
                 continue
-            at_sum = substitute(_shift_at(d, e, term.indices), dict(zip(lifted(z).axes, node.b.indices)))
-            if _shift_at(d, e, num.indices) is at_sum:
-                yield e, (d, 1)
+            found = _exp_shift(lifted(e).body, _parents(lifted(e).body))
+            if found is None:
+                continue
+            e_axes, to_t = lifted(e).axes, dict(zip(z_axes, at_z))
+            summed = tuple(substitute(i, to_t) for i in term.indices)       # the sum's index in t's axes
+            if _key(found, e_axes, num.indices) == _key(found, e_axes, summed):
+                yield e, (found[0], 1)
         else:
-            dn, dz = _exp_shift(num), _exp_shift(term)
-            if dn is None or dz is None or parents().get(dn) != [num] or _shift_at(dz, z, node.b.indices) is not dn.b:
+            dn, dz = _exp_shift(num, parents()), _exp_shift(term, _parents(zbody))
+            if dn is None or dz is None or _key(dn, (), ()) != _key(dz, z_axes, at_z):
                 continue
-            yield t, (dn, 1)
-            yield z, (dz, 1)
+            yield t, (dn[0], 1)
+            yield z, (dz[0], 1)
+
+
+def _ratios(t, body, parents, users):
+    """``(numerator, Z, indices)`` for each ratio ``x / Z[idx]``, ``x *
+    (c / Z[idx])`` or ``x * R[idx']`` (``R`` a tensor ``c / Z[...]``, ``c`` a
+    constant) of ``t``'s ``body``, ``indices`` ``Z``'s in ``t``'s axes:
+    ``Z`` (and ``R``) read by nothing else, once; the numerator used there
+    alone."""
+    for node in topo_order([body]):
+        if not isinstance(node, BinOp):
+            continue
+        if node.op == "div":
+            pairs = ((node.a, node.b),)
+        elif node.op == "mul":
+            pairs = ((node.a, node.b), (node.b, node.a))
+        else:
+            continue
+        for num, den in pairs:
+            found = _reciprocal(node, den, t, parents, users)
+            if found is not None and parents().get(num) == [node]:
+                yield (num,) + found
+                break
+
+
+def _reciprocal(node, den, t, parents, users):
+    """``(Z, indices)`` when ``den`` (a child of ``node``) contributes
+    ``1 / Z[indices]`` up to a constant factor (``node`` a division by
+    ``Z[...]``, or a product with ``c / Z[...]`` inline or as a tensor
+    ``R``); None otherwise."""
+    def alone(load, parent, reader, body_parents):
+        z = load.tensor
+        return not z.is_placeholder and set(users.get(z, ())) == {reader} \
+            and _reads(body_parents, z) == [load] and body_parents.get(load) == [parent]
+
+    if node.op == "div":
+        return (den.tensor, den.indices) if isinstance(den, Load) and alone(den, node, t, parents()) else None
+    if isinstance(den, BinOp) and den.op == "div" and is_const(den.a) and isinstance(den.b, Load):
+        ok = parents().get(den) == [node] and alone(den.b, den, t, parents())
+        return (den.b.tensor, den.b.indices) if ok else None
+    if isinstance(den, Load) and alone(den, node, t, parents()):
+        r = den.tensor
+        rbody = lifted(r).body
+        if isinstance(rbody, BinOp) and rbody.op == "div" and is_const(rbody.a) and isinstance(rbody.b, Load) \
+                and alone(rbody.b, rbody, r, _parents(rbody)):
+            at = dict(zip(lifted(r).axes, den.indices))
+            return rbody.b.tensor, tuple(substitute(i, at) for i in rbody.b.indices)
+    return None
 
 
 def _summand(term):

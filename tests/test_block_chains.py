@@ -11,18 +11,26 @@ import te_autodiff as te
 from lowering import pipeline
 
 
-def _attention(h: int, T: int, d: int, dtype: str = "float32", output_scores: bool = False, reverse: bool = False):
+def _attention(h: int, T: int, d: int, dtype: str = "float32", output_scores: bool = False, reverse: bool = False,
+               form: str = "plain"):
     """``(inputs, outputs)`` of ``loss = Σ softmax(Q Kᵀ / √d) V · H`` and its
     gradients, written as index formulas (the scores ``S``, the row max,
     ``exp``, the row sum, the softmax); with ``output_scores`` ``S`` is an
-    output too, with ``reverse`` the row max reads ``S``'s rows backwards."""
+    output too, with ``reverse`` the row max reads ``S``'s rows backwards;
+    ``form`` "temperature" scales inside the exponent (``exp((S - m) /
+    √d)``), "reciprocal" multiplies by ``1 / Σ exp``."""
     Q, K, V, H = (te.placeholder((h, T, d), dtype, n) for n in "QKVH")
     k, j1, j2, j3 = (te.reduce_axis(n, name) for n, name in ((d, "k"), (T, "j"), (T, "j"), (T, "j")))
-    S = te.compute((h, T, T), lambda a, i, j: te.sum(Q[a, i, k] * K[a, j, k], axis=k) * d ** -0.5, name="S")
+    scale, inner = (1.0, d ** -0.5) if form == "temperature" else (d ** -0.5, 1.0)
+    S = te.compute((h, T, T), lambda a, i, j: te.sum(Q[a, i, k] * K[a, j, k], axis=k) * scale, name="S")
     M = te.compute((h, T), lambda a, i: te.max(S[a, T - 1 - i if reverse else i, j1], axis=j1), name="row_max")
-    E = te.compute((h, T, T), lambda a, i, j: te.exp(S[a, i, j] - M[a, i]), name="exp")
-    Z = te.compute((h, T), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
-    P = te.compute((h, T, T), lambda a, i, j: E[a, i, j] / Z[a, i], name="P")
+    E = te.compute((h, T, T), lambda a, i, j: te.exp((S[a, i, j] - M[a, i]) * inner), name="exp")
+    if form == "reciprocal":
+        R = te.compute((h, T), lambda a, i: 1.0 / te.sum(E[a, i, j2], axis=j2), name="row_sum")
+        P = te.compute((h, T, T), lambda a, i, j: E[a, i, j] * R[a, i], name="P")
+    else:
+        Z = te.compute((h, T), lambda a, i: te.sum(E[a, i, j2], axis=j2), name="row_sum")
+        P = te.compute((h, T, T), lambda a, i, j: E[a, i, j] / Z[a, i], name="P")
     O = te.compute((h, T, d), lambda a, i, c: te.sum(P[a, i, j3] * V[a, j3, c], axis=j3), name="O")
     r = [te.reduce_axis(n, f"r{x}") for x, n in enumerate((h, T, d))]
     loss = te.compute((1,), lambda _: te.sum(O[r[0], r[1], r[2]] * H[r[0], r[1], r[2]], axis=r), name="loss")
@@ -107,6 +115,29 @@ def test_attention_products_run_with_their_row_stages_a_block_at_a_time(rng, mon
     for g, w in zip(got, same):             # the same operations; LLVM may round a last bit apart
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
     for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("form", ["temperature", "reciprocal"])
+def test_attention_written_otherwise_joins_its_scores_too(rng, form):
+    """The scale inside the exponent, or the softmax as ``E · (1 / Σ E)``:
+    the max's derivative cancels as in the usual form
+    (``te_autodiff/shift_invariance.py``), so no argmax pass reads the
+    scores again and they join the softmax's row stages; the adjoint of
+    ``1 / Σ`` is computed in its row sum's loop (``fuse.py``), so ``dP``
+    joins the gradient's row stages.  Both buffers a block a head; values
+    as numpy's."""
+    h = 2
+    T = _rows(h, True)
+    inputs, outputs = _attention(h, T, 32, form=form)
+    kernel = te.build(inputs, outputs)
+    assert "argmax" not in kernel.scheduled_ir
+    buffers = [b for b in kernel.program.buffers if b.name in ("S", "S.r1", "dP")]
+    assert len(buffers) == 2, buffers
+    for kept in buffers:
+        assert kept.shape[1] < T and kept.nbytes <= h * (_block_bytes() + 16 * kept.shape[-1] * 4), kept
+    arrays = _data(rng, (h, T, 32), np.float32)
+    for g, w in zip(kernel(*arrays), _numpy(*arrays)):
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
 
 

@@ -203,6 +203,58 @@ def test_attention_scores_softmax_in_float32_needs_no_argmax(rng):
     np.testing.assert_allclose(kernel(q, k, hh), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
 
 
+def _softmaxes_written_otherwise():
+    """The softmax as people also write it: a temperature or a scale on the
+    shifted exponent (``exp((x - m) / t)``, ``exp(c * (x - m))``, on a
+    tensor of exponentials or inline), and the reciprocal of the sum as a
+    factor (``E * (1 / Z)`` inline, or a tensor ``R = 1 / Z``).  Each is
+    ``softmax(x / t)`` (or ``softmax(c x)``): its shift cancels as before."""
+    def temperature(X, m, c, T):
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp((X[i, j] - m[i]) / T[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] / Z[i], name="P"), lambda x, t: x / t[:, None]
+
+    def scale_inline(X, m, c, T):
+        N, C = X.shape
+        Z = te.compute((N,), lambda i: te.sum(te.exp(0.5 * (X[i, c] - m[i])), axis=c), name="Z")
+        return (te.compute((N, C), lambda i, j: te.exp(0.5 * (X[i, j] - m[i])) / Z[i], name="P"),
+                lambda x, t: 0.5 * x)
+
+    def reciprocal_inline(X, m, c, T):
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] * (1.0 / Z[i]), name="P"), lambda x, t: x
+
+    def reciprocal_tensor(X, m, c, T):
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp((X[i, j] - m[i]) * 0.25), name="E")
+        R = te.compute((N,), lambda i: 1.0 / te.sum(E[i, c], axis=c), name="R")
+        return te.compute((N, C), lambda i, j: R[i] * E[i, j], name="P"), lambda x, t: 0.25 * x
+    return [temperature, scale_inline, reciprocal_inline, reciprocal_tensor]
+
+
+@pytest.mark.parametrize("make", _softmaxes_written_otherwise(), ids=lambda f: f.__name__)
+def test_a_softmax_with_a_temperature_or_a_reciprocal_sends_nothing_to_its_max(rng, make):
+    """No argmax in the gradient, ties for the maximum included; values as
+    numpy's softmax of the scaled rows, the gradient as its vector-Jacobian
+    product and as finite differences (the temperature's own route kept)."""
+    X, T, H = te.placeholder((4, 7), F64, "X"), te.placeholder((4,), F64, "T"), te.placeholder((4, 7), F64, "H")
+    c1, c2 = te.reduce_axis(7, "c"), te.reduce_axis(7, "c")
+    m = te.compute((4,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    P, scaled = make(X, m, c2, T)
+    dX, dT = te.gradient(P, [X, T], head=H)
+    assert "argmax" not in te.pretty(dX) + te.pretty(dT)
+    x, t, h = _data(rng, (4, 7)), rng.uniform(0.5, 2.0, 4), rng.standard_normal((4, 7))
+    p, gx = te.build([X, T, H], [P, dX])(x, t, h)
+    want = _softmax(scaled(x, t))
+    np.testing.assert_allclose(p, want, rtol=1e-14)
+    vjp = want * (h - (want * h).sum(1, keepdims=True))          # d/d(scaled x)
+    np.testing.assert_allclose(gx, scaled(vjp, t), rtol=1e-12, atol=1e-15)
+    te.check_gradient(P, [X, T], [x, t], head=h)
+
+
 def _softmaxes_that_keep_the_shift():
     """Softmax formulas one step away from the shape: the argmax stays."""
     def softmax_shared_sum(X, m, c):                # the sum read by a second tensor too
@@ -228,7 +280,38 @@ def _softmaxes_that_keep_the_shift():
         N, C = X.shape
         Z = te.compute((N,), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="Z")
         return te.compute((N, C), lambda i, j: te.exp(X[i, j] - 2.0 * m[i]) / Z[i], name="out")
-    return [softmax_shared_sum, exp_read_again, other_row_sum, doubled_shift]
+
+    def other_scales(X, m, c):                      # the numerator's shift scaled by 2, the sum's by 3
+        N, C = X.shape
+        Z = te.compute((N,), lambda i: te.sum(te.exp((X[i, c] - m[i]) * 3.0), axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: te.exp((X[i, j] - m[i]) * 2.0) / Z[i], name="out")
+
+    def scale_by_column(X, m, c):                   # a factor varying along the sum: no common shift
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp((X[i, j] - m[i]) * X[0, j]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] / Z[i], name="out")
+
+    def shift_in_the_factor(X, m, c):               # the shift also scales: exp((x - m) * (x - m))
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp((X[i, j] - m[i]) * (X[i, j] - m[i]) * -0.5), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] / Z[i], name="out")
+
+    def reciprocal_of_the_max(X, m, c):             # E * (m / Z): the factor is not a constant
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute((N, C), lambda i, j: E[i, j] * (m[i] / Z[i]), name="out")
+
+    def reciprocal_read_again(X, m, c):             # R = 1 / Z read by a second tensor too
+        N, C = X.shape
+        E = te.compute((N, C), lambda i, j: te.exp(X[i, j] - m[i]), name="E")
+        R = te.compute((N,), lambda i: 1.0 / te.sum(E[i, c], axis=c), name="R")
+        P = te.compute((N, C), lambda i, j: E[i, j] * R[i], name="P")
+        return te.compute((N, C), lambda i, j: P[i, j] + 0.25 * R[i], name="out")
+    return [softmax_shared_sum, exp_read_again, other_row_sum, doubled_shift, other_scales, scale_by_column,
+            shift_in_the_factor, reciprocal_of_the_max, reciprocal_read_again]
 
 
 @pytest.mark.parametrize("make", _shapes_that_keep_the_shift() + _softmaxes_that_keep_the_shift(),
