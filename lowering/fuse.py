@@ -425,7 +425,6 @@ def _inline_plan(p: _Shape, reader: Stage):
         return None
     units = [lp for lp in p.loops if lp.extent.value == 1]
     mapping = {lp.var: Const(0, lp.var.dtype) for lp in units}
-    by_stride = {k: v for v, k in read[0].items()}
     # the loops the read's variables name: a variable may name several loops
     # of one stage (a reduction lowered both inside a select's branch and
     # outside it runs two loops over its axis), so each read site resolves
@@ -434,6 +433,9 @@ def _inline_plan(p: _Shape, reader: Stage):
     loops = sites[0]
     if any(site.get(v) is not loops.get(v) for site in sites[1:] for v in read[0]):
         return None                                  # reads in different loops: no one place computes it
+    terms = {v: k for v, k in read[0].items()       # a reader's loop of one iteration adds 0
+             if not (v in loops and _const_loop(loops[v]) and loops[v].extent.value == 1)}
+    by_stride = {k: v for v, k in terms.items()}
     rest = read[1] - own[1]            # split over the axes: read = own(i + offset), 0 <= offset
     for lp in sorted((lp for lp in p.loops if lp not in units), key=lambda lp: -own[0].get(lp.var, 0)):
         k = own[0].get(lp.var, 0)
@@ -445,7 +447,7 @@ def _inline_plan(p: _Shape, reader: Stage):
             return None
         rest -= offset * k
         mapping[lp.var] = target.var if offset == 0 else add(target.var, Const(offset, target.var.dtype))
-    if rest or len(read[0]) != len(mapping) - len(units):
+    if rest or len(terms) != len(mapping) - len(units):
         return None
     element = _chain(reader.body)[-1]
     mapped = {loops[by_stride[own[0][lp.var]]] for lp in p.loops if lp not in units}

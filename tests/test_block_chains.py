@@ -118,24 +118,25 @@ def test_attention_products_run_with_their_row_stages_a_block_at_a_time(rng, mon
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
 
 
-@pytest.mark.parametrize("form", ["temperature", "reciprocal"])
-def test_attention_written_otherwise_joins_its_scores_too(rng, form):
+@pytest.mark.parametrize("form, h", [("temperature", 2), ("reciprocal", 2), ("reciprocal", 1)])
+def test_attention_written_otherwise_joins_its_scores_too(rng, form, h):
     """The scale inside the exponent, or the softmax as ``E · (1 / Σ E)``:
     the max's derivative cancels as in the usual form
     (``te_autodiff/shift_invariance.py``), so no argmax pass reads the
     scores again and they join the softmax's row stages; the adjoint of
     ``1 / Σ`` is computed in its row sum's loop (``fuse.py``), so ``dP``
-    joins the gradient's row stages.  Both buffers a block a head; values
-    as numpy's."""
-    h = 2
+    joins the gradient's row stages (one head too, whose loops of one
+    iteration add nothing to the sum's index).  Both buffers a block a
+    head (with one head, a block a thread group); values as numpy's."""
     T = _rows(h, True)
     inputs, outputs = _attention(h, T, 32, form=form)
     kernel = te.build(inputs, outputs)
     assert "argmax" not in kernel.scheduled_ir
     buffers = [b for b in kernel.program.buffers if b.name in ("S", "S.r1", "dP")]
     assert len(buffers) == 2, buffers
+    slots = max(te.target().threads, h)
     for kept in buffers:
-        assert kept.shape[1] < T and kept.nbytes <= h * (_block_bytes() + 16 * kept.shape[-1] * 4), kept
+        assert kept.shape[-2] < T and kept.nbytes <= slots * (_block_bytes() + 16 * kept.shape[-1] * 4), kept
     arrays = _data(rng, (h, T, 32), np.float32)
     for g, w in zip(kernel(*arrays), _numpy(*arrays)):
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())

@@ -120,18 +120,20 @@ def test_fused_gradient_kernels_match_numpy(rng, n):
     np.testing.assert_allclose(got_dx, hs * (1 - y * y) * u * ((1 - s) - 2 * xs), rtol=1e-4, atol=1e-6)
 
 
-def test_a_reduction_read_at_a_shifted_window_is_computed_in_the_reader(rng):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_reduction_read_at_a_shifted_window_is_computed_in_the_reader(rng, batch):
     """The gradient of a padded input is read without its border (dX = dXp[1:-1]):
-    only the elements read are computed, in the reader's own loops."""
-    A, B = te.placeholder((10, 6), "float32", "A"), te.placeholder((6, 12), "float32", "B")
+    only the elements read are computed, in the reader's own loops; a batch
+    of one too (the reader's loop of one iteration adds nothing to the read)."""
+    A, B = te.placeholder((batch, 10, 6), "float32", "A"), te.placeholder((6, 12), "float32", "B")
     k = te.reduce_axis(6, "k")
-    P = te.compute((10, 12), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="P")
-    C = te.compute((8, 9), lambda i, j: P[i + 1, j + 2], name="C")
-    a, b = rng.standard_normal((10, 6)).astype(np.float32), rng.standard_normal((6, 12)).astype(np.float32)
+    P = te.compute((batch, 10, 12), lambda n, i, j: te.sum(A[n, i, k] * B[k, j], axis=k), name="P")
+    C = te.compute((batch, 8, 9), lambda n, i, j: P[n, i + 1, j + 2], name="C")
+    a, b = rng.standard_normal((batch, 10, 6)).astype(np.float32), rng.standard_normal((6, 12)).astype(np.float32)
     fused, got, want = both([A, B], [C], [a, b], store=[P])
     assert temps(fused) == [] and [st.name for st in fused.stages] == ["P+C"]
     assert_same(got, want)
-    np.testing.assert_allclose(got[0], (a @ b)[1:9, 2:11], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[0], (a @ b)[:, 1:9, 2:11], rtol=1e-5, atol=1e-6)
 
 
 def distances(n, k, d):
