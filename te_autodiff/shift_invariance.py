@@ -126,22 +126,79 @@ def _key(found, axes, indices) -> tuple:
 
 
 def _logsumexp(t, body, parents, users):
-    """``(tensor, edge)`` cuts for each ``a + log(R[idx])`` in ``t``'s ``body``."""
+    """``(tensor, edge)`` cuts for each ``a + log(R[idx])`` in ``t``'s
+    ``body``: ``a`` and the log terms of one sum of terms with one sign
+    (``x - a - log(R)``, a log-softmax, as well); and for each ``s -
+    log(sum_c exp(s_c))`` of shifted logits ``s = b - a`` (a tensor, as
+    PyTorch and JAX write a log-softmax), whose shift cancels the same way."""
     for node in topo_order([body]):
-        if not (isinstance(node, BinOp) and node.op == "add"):
+        if not (isinstance(node, BinOp) and node.op in ("add", "sub")):
             continue
-        for k in (0, 1):
-            log, a = children(node)[1 - k], children(node)[k]
-            if not (isinstance(log, Unary) and log.op == "log" and isinstance(log.a, Load)):
+        terms = _signed_terms(node, parents())
+        for term, sign, parent, _ in terms:
+            found = _log_of_sum(t, term, parent, parents, users)
+            rbody = found and lifted(found[0]).body
+            if not (isinstance(rbody, Reduce) and rbody.op == "sum"):
                 continue
-            r = log.a.tensor
-            d = None if r.is_placeholder or set(users.get(r, ())) != {t} else _shifted_sum(r)
-            if d is None or _shift_at(d, r, log.a.indices) is not a:
+            r, to_t = found[0], dict(zip(lifted(found[0]).axes, found[1]))
+            d = _exp_shift(rbody.body)
+            if d is not None:                                   # a + log(sum exp(b - a))
+                shift = substitute(d[0].b, to_t)
+                edge = next(((p, k) for x, s, p, k in terms if x is shift and s == sign), None)
+                if edge is not None:
+                    yield t, edge
+                    yield r, (d[0], 1)
                 continue
-            if _reads(parents(), r) != [log.a] or parents()[log.a] != [log] or parents()[log] != [node]:
+            e = rbody.body
+            if not (isinstance(e, Unary) and e.op == "exp" and isinstance(e.a, Load)):
                 continue
-            yield t, (node, k)
-            yield r, (d, 1)
+            logits = e.a.tensor                                 # s - log(sum exp(s)), s = b - a
+            d = None if logits.is_placeholder or set(users.get(logits, ())) != {t, r} else lifted(logits).body
+            if not (isinstance(d, BinOp) and d.op == "sub"):
+                continue
+            reads = _reads(parents(), logits)
+            at_sum = substitute(_shift_at(d, logits, e.a.indices), to_t)
+            if len(reads) == 1 and len(parents()[reads[0]]) == 1 and (reads[0], -sign) in {(x, s) for x, s, _, _ in terms} \
+                    and _shift_at(d, logits, reads[0].indices) is at_sum:
+                yield logits, (d, 1)
+
+
+def _log_of_sum(t, term, parent, parents, users):
+    """``(R, indices)`` when ``term`` (``parent``'s child) is ``log(R[idx])``,
+    or reads a tensor ``L = log(R[...])`` that only ``t`` reads, once;
+    ``indices`` ``R``'s in ``t``'s axes, ``R`` read by nothing else, once."""
+    if parents().get(term) != [parent] or not isinstance(term, (Unary, Load)):
+        return None
+    log, holder, at = term, t, {}
+    if isinstance(term, Load):
+        owner = term.tensor
+        if owner.is_placeholder or set(users.get(owner, ())) != {t} or _reads(parents(), owner) != [term]:
+            return None
+        log, holder, at = lifted(owner).body, owner, dict(zip(lifted(owner).axes, term.indices))
+    if not (isinstance(log, Unary) and log.op == "log" and isinstance(log.a, Load)):
+        return None
+    r = log.a.tensor
+    if r.is_placeholder or set(users.get(r, ())) != {holder}:
+        return None
+    if holder is t and (_reads(parents(), r) != [log.a] or parents()[log.a] != [log]):
+        return None
+    return r, tuple(substitute(i, at) for i in log.a.indices)
+
+
+def _signed_terms(node, parents: dict) -> list:
+    """``(term, sign, parent, k)`` for each term of the sum or difference
+    ``node``, through the sums and differences below it used there alone
+    (``parent``'s child ``k`` is the term)."""
+    out, stack = [], [(node, 1)]
+    while stack:
+        n, sign = stack.pop()
+        for k, c in enumerate(children(n)):
+            s = -sign if n.op == "sub" and k == 1 else sign
+            if isinstance(c, BinOp) and c.op in ("add", "sub") and parents.get(c) == [n]:
+                stack.append((c, s))
+            else:
+                out.append((c, s, n, k))
+    return out
 
 
 def _normalised(t, body, parents, users):
@@ -157,19 +214,42 @@ def _normalised(t, body, parents, users):
             e = num.tensor
             if e.is_placeholder or set(users.get(e, ())) != {t, z} or _reads(parents(), e) != [num]:
                 continue
-            found = _exp_shift(lifted(e).body, _parents(lifted(e).body))
-            if found is None:
-                continue
-            e_axes, to_t = lifted(e).axes, dict(zip(z_axes, at_z))
+            ebody, e_axes, to_t = lifted(e).body, lifted(e).axes, dict(zip(z_axes, at_z))
             summed = tuple(substitute(i, to_t) for i in term.indices)       # the sum's index in t's axes
-            if _key(found, e_axes, num.indices) == _key(found, e_axes, summed):
+            found = _exp_shift(ebody, _parents(ebody))
+            if found is not None and _key(found, e_axes, num.indices) == _key(found, e_axes, summed):
                 yield e, (found[0], 1)
+            logits = _exp_of_logits(ebody, users, {e})
+            if logits is not None and logits[2](e_axes, num.indices) is logits[2](e_axes, summed):
+                yield logits[0], (logits[1], 1)
         else:
             dn, dz = _exp_shift(num, parents()), _exp_shift(term, _parents(zbody))
-            if dn is None or dz is None or _key(dn, (), ()) != _key(dz, z_axes, at_z):
-                continue
-            yield t, (dn[0], 1)
-            yield z, (dz[0], 1)
+            if dn is not None and dz is not None and _key(dn, (), ()) == _key(dz, z_axes, at_z):
+                yield t, (dn[0], 1)
+                yield z, (dz[0], 1)
+            ln, lz = _exp_of_logits(num, users, {t, z}), _exp_of_logits(term, users, {t, z})
+            if ln is not None and lz is not None and ln[0] is lz[0] and _reads(parents(), ln[0]) == [num.a] \
+                    and parents()[num.a] == [num] and _reads(_parents(zbody), ln[0]) == [term.a] \
+                    and ln[2]((), ()) is lz[2](z_axes, at_z):
+                yield ln[0], (ln[1], 1)
+
+
+def _exp_of_logits(node, users, readers):
+    """``(s, d, shift_at)`` when ``node`` is ``exp(s[idx])`` with ``s`` a
+    tensor ``b - a`` (shifted logits, the node ``d``) that ``readers`` alone
+    read; ``shift_at(axes, indices)``: the shift ``a`` at ``idx`` with
+    ``axes`` replaced by ``indices``.  None otherwise."""
+    if not (isinstance(node, Unary) and node.op == "exp" and isinstance(node.a, Load)):
+        return None
+    s = node.a.tensor
+    d = None if s.is_placeholder or set(users.get(s, ())) != readers else lifted(s).body
+    if not (isinstance(d, BinOp) and d.op == "sub"):
+        return None
+
+    def shift_at(axes, indices):
+        at = dict(zip(axes, indices))
+        return _shift_at(d, s, tuple(substitute(i, at) for i in node.a.indices))
+    return s, d, shift_at
 
 
 def _ratios(t, body, parents, users):

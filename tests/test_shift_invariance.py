@@ -97,6 +97,54 @@ def test_a_scalar_logsumexp_and_a_shift_given_as_input(rng):
     te.check_gradient(lse, [x_, a_], [x, np.array([0.7])])
 
 
+def _log_softmaxes():
+    """A log-softmax as people write it: ``x - m - log(Σ exp(x - m))``, its
+    terms in another order, and as PyTorch and JAX decompose it, shifted
+    logits ``s = x - m`` a tensor of their own, ``s - log(Σ exp(s))`` (the
+    log-sum-exp inline or a tensor too)."""
+    def difference(X, m, c):
+        Z = te.compute((X.shape[0],), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="Z")
+        return te.compute(X.shape, lambda i, j: X[i, j] - m[i] - te.log(Z[i]), name="logp")
+
+    def log_first(X, m, c):
+        Z = te.compute((X.shape[0],), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="Z")
+        return te.compute(X.shape, lambda i, j: X[i, j] - te.log(Z[i]) - m[i], name="logp")
+
+    def shifted_logits(X, m, c):
+        s = te.compute(X.shape, lambda i, j: X[i, j] - m[i], name="shifted")
+        return te.compute(X.shape, lambda i, j: s[i, j] - te.log(te.sum(te.exp(s[i, c]), axis=c)), name="logp")
+
+    def shifted_logsumexp(X, m, c):
+        s = te.compute(X.shape, lambda i, j: X[i, j] - m[i], name="shifted")
+        lse = te.compute((X.shape[0],), lambda i: te.log(te.sum(te.exp(s[i, c]), axis=c)), name="lse")
+        return te.compute(X.shape, lambda i, j: s[i, j] - lse[i], name="logp")
+    return [difference, log_first, shifted_logits, shifted_logsumexp]
+
+
+@pytest.mark.parametrize("make", _log_softmaxes(), ids=lambda f: f.__name__)
+def test_a_log_softmax_cross_entropy_needs_no_argmax(rng, make):
+    """``-mean_i logp[i, L[i]]`` of each log-softmax form: no argmax, the
+    gradient numpy's ``(softmax - onehot) / N`` (ties for the maximum
+    included), and finite differences."""
+    N, C = 5, 7
+    X, L = te.placeholder((N, C), F64, "X"), te.placeholder((N,), "int32", "L")
+    c1, c2, r = te.reduce_axis(C, "c"), te.reduce_axis(C, "c"), te.reduce_axis(N, "r")
+    m = te.compute((N,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    logp = make(X, m, c2)
+    loss = te.compute((1,), lambda _: -te.sum(logp[r, L[r]], axis=r) / float(N), name="loss")
+    dX, = te.gradient(loss, [X])
+    assert "argmax" not in te.pretty(dX)
+    x, labels = _data(rng, (N, C)), rng.integers(0, C, N).astype(np.int32)
+    value, grad = te.build([X, L], [loss, dX])(x, labels)
+    want = _softmax(x)
+    np.testing.assert_allclose(value, -np.log(want[np.arange(N), labels]).mean(), rtol=1e-13)
+    want[np.arange(N), labels] -= 1
+    np.testing.assert_allclose(grad, want / N, rtol=1e-12, atol=1e-16)
+    lp = te.build([X], [logp])(x)
+    np.testing.assert_allclose(lp, np.log(_softmax(x)), rtol=1e-13, atol=1e-14)
+    te.check_gradient(logp, [X], [x], head=rng.standard_normal((N, C)))
+
+
 def _shapes_that_keep_the_shift():
     """Formulas one step away from the shape: the argmax stays and every
     route is differentiated."""
@@ -118,7 +166,21 @@ def _shapes_that_keep_the_shift():
     def first_row_shift(X, m, c):                   # the exponentials shifted by another row's max
         return te.compute((X.shape[0],), lambda i: m[i] + te.log(te.sum(te.exp(X[i, c] - m[0]), axis=c)),
                           name="out")
-    return [shared_sum, other_shift, log_twice, first_row_shift]
+    def opposite_signs(X, m, c):                    # x - m + log(S): m's two routes add up
+        Z = te.compute((X.shape[0],), lambda i: te.sum(te.exp(X[i, c] - m[i]), axis=c), name="Z")
+        return te.compute(X.shape, lambda i, j: X[i, j] - m[i] + te.log(Z[i]), name="out")
+
+    def shifted_logits_read_twice(X, m, c):         # s read outside the log-softmax as well
+        s = te.compute(X.shape, lambda i, j: X[i, j] - m[i], name="shifted")
+        return te.compute(X.shape, lambda i, j: s[i, j] - te.log(te.sum(te.exp(s[i, c]), axis=c)) + 0.5 * s[i, j],
+                          name="out")
+
+    def logits_shifted_by_a_column(X, m, c):        # a shift that varies along the sum
+        s = te.compute(X.shape, lambda i, j: X[i, j] - X[0, j], name="shifted")
+        return te.compute(X.shape, lambda i, j: s[i, j] - te.log(te.sum(te.exp(s[i, c]), axis=c)) + m[i],
+                          name="out")
+    return [shared_sum, other_shift, log_twice, first_row_shift, opposite_signs, shifted_logits_read_twice,
+            logits_shifted_by_a_column]
 
 
 
@@ -206,8 +268,9 @@ def test_attention_scores_softmax_in_float32_needs_no_argmax(rng):
 def _softmaxes_written_otherwise():
     """The softmax as people also write it: a temperature or a scale on the
     shifted exponent (``exp((x - m) / t)``, ``exp(c * (x - m))``, on a
-    tensor of exponentials or inline), and the reciprocal of the sum as a
-    factor (``E * (1 / Z)`` inline, or a tensor ``R = 1 / Z``).  Each is
+    tensor of exponentials or inline), the reciprocal of the sum as a
+    factor (``E * (1 / Z)`` inline, or a tensor ``R = 1 / Z``), shifted
+    logits ``s = x - m`` a tensor of their own (PyTorch's and JAX's form).  Each is
     ``softmax(x / t)`` (or ``softmax(c x)``): its shift cancels as before."""
     def temperature(X, m, c, T):
         N, C = X.shape
@@ -232,11 +295,22 @@ def _softmaxes_written_otherwise():
         E = te.compute((N, C), lambda i, j: te.exp((X[i, j] - m[i]) * 0.25), name="E")
         R = te.compute((N,), lambda i: 1.0 / te.sum(E[i, c], axis=c), name="R")
         return te.compute((N, C), lambda i, j: R[i] * E[i, j], name="P"), lambda x, t: 0.25 * x
-    return [temperature, scale_inline, reciprocal_inline, reciprocal_tensor]
+    def shifted_logits_inline(X, m, c, T):
+        s = te.compute(X.shape, lambda i, j: X[i, j] - m[i], name="shifted")
+        return (te.compute(X.shape, lambda i, j: te.exp(s[i, j]) / te.sum(te.exp(s[i, c]), axis=c), name="P"),
+                lambda x, t: x)
+
+    def shifted_logits_tensor(X, m, c, T):
+        s = te.compute(X.shape, lambda i, j: X[i, j] - m[i], name="shifted")
+        E = te.compute(X.shape, lambda i, j: te.exp(s[i, j]), name="E")
+        Z = te.compute((X.shape[0],), lambda i: te.sum(E[i, c], axis=c), name="Z")
+        return te.compute(X.shape, lambda i, j: E[i, j] / Z[i], name="P"), lambda x, t: x
+    return [temperature, scale_inline, reciprocal_inline, reciprocal_tensor, shifted_logits_inline,
+            shifted_logits_tensor]
 
 
 @pytest.mark.parametrize("make", _softmaxes_written_otherwise(), ids=lambda f: f.__name__)
-def test_a_softmax_with_a_temperature_or_a_reciprocal_sends_nothing_to_its_max(rng, make):
+def test_a_softmax_written_otherwise_sends_nothing_to_its_max(rng, make):
     """No argmax in the gradient, ties for the maximum included; values as
     numpy's softmax of the scaled rows, the gradient as its vector-Jacobian
     product and as finite differences (the temperature's own route kept)."""
