@@ -38,6 +38,9 @@ transcendental)                              reduction of its reader
 elementwise, evaluated once per element      inlined
 (one read site, no broadcast) outside any
 reduction of its reader
+elementwise, read inside reductions fewer    inlined: only the elements read
+times than it has elements (counting their   are computed (a log-softmax a
+iterations: a gather of a few)               loss reads at one column a row)
 elementwise in a scan's step, no             inlined unless read inside a
 transcendental (an RK4 stage ``k2`` read     reduction: each stored tensor of a
 at ``i`` and ``i - 1``)                      step is a pass over memory (and a
@@ -214,6 +217,14 @@ def _reduction_reads(t) -> dict:
     """For each tensor ``t`` reads inside a reduction: its reads per element of
     ``t``, counting the iterations of the enclosing reductions (an extent that
     is not a constant counts once)."""
+    return {p: inside for p, (inside, _) in _evaluations(t, 1).items() if inside}
+
+
+def _evaluations(t, unknown) -> dict:
+    """``{tensor: (inside, outside)}``: how often one element of ``t``
+    evaluates each tensor it reads inside reductions (once per iteration of
+    the enclosing ones, an extent that is not a constant counting
+    ``unknown``) and outside them (once per read site)."""
     out = {}
     stack, seen = [(b, 1) for b in _bodies(t)], set()
     while stack:
@@ -221,10 +232,11 @@ def _reduction_reads(t) -> dict:
         if (e, trips) in seen:
             continue
         seen.add((e, trips))
-        if isinstance(e, Load) and trips > 1:
-            out[e.tensor] = out.get(e.tensor, 0) + trips
+        if isinstance(e, Load):
+            inside, outside = out.get(e.tensor, (0, 0))
+            out[e.tensor] = (inside + trips, outside) if trips > 1 else (inside, outside + 1)
         if isinstance(e, Reduce):
-            inner = trips * math.prod(x.value for _, x in e.doms if isinstance(x, Const))
+            inner = trips * math.prod(x.value if isinstance(x, Const) else unknown for _, x in e.doms)
             stack += [(x, trips) for dom in e.doms for x in dom] + [(e.body, inner)]
         else:
             stack += [(c, trips) for c in children(e)]
@@ -304,10 +316,10 @@ class Plan:
         # reached.  A gather's copies are counted per read, along chains of
         # readers (``copies``): each is a checked read at a position from
         # data, which a select around it cannot evaluate ahead of its test
-        evals, in_reduce, sites, copies, stage_size, red_reads = {}, {}, {}, {}, {}, {}
+        evals, in_reduce, sites, copies, stage_size, red_reads, total = {}, {}, {}, {}, {}, {}, {}
         self.inlined, self.in_place, apart = set(), set(), set()
         for t in reversed(computes):
-            n, red = evals.get(t, 0), in_reduce.get(t, False)
+            n, red, evaluated = evals.get(t, 0), in_reduce.get(t, False), total.get(t, 0)
             once = n <= math.prod(t.shape) and not red
             extra = LOOP_NEST_NODES if t in parts else 0
             grown = {h: (size[t] + extra) * copies.get(t, 1) if t in gathers else
@@ -319,7 +331,10 @@ class Plan:
                 w = self.work[t]
                 padding = red_reads.get(t, 0) >= PAD_STORE_READS * math.prod(t.shape) and _position_test(t)
                 arithmetic = w < math.inf if step else w <= CHEAP_WORK     # a step: any work but a function's
-                cheap = w <= TRIVIAL_WORK or (arithmetic and not red) or once
+                # read inside reductions fewer times than it has elements (a log-softmax a
+                # loss reads at one column a row): computed at those reads alone
+                gathered = red and evaluated < math.prod(t.shape)
+                cheap = w <= TRIVIAL_WORK or (arithmetic and not red) or once or gathered
                 if t in recompute or (fits and not padding and cheap):
                     self.inlined.add(t)
             elif t in parts and once and fits and t not in apart:
@@ -330,6 +345,7 @@ class Plan:
                     stage_size[h] += g
             else:
                 n, red, mult, where = math.prod(t.shape), False, 1, {t: {tuple(t.axes)}}
+                evaluated = n
                 stage_size[t] = size[t]
             # the reductions lifted out of t are computed in place all or none:
             # stored, terms of one structure (the T steps' shares of a shared
@@ -340,6 +356,8 @@ class Plan:
                 apart.update(terms)
             for p, k in _reduction_reads(t).items():
                 red_reads[p] = red_reads.get(p, 0) + n * k
+            for p, (inside, outside) in _evaluations(t, math.inf).items():
+                total[p] = total.get(p, 0) + (evaluated * (inside + outside) if evaluated else 0)
             for p, (k, inside) in _reads(t).items():
                 evals[p] = evals.get(p, 0) + n * k
                 in_reduce[p] = in_reduce.get(p, False) or inside or red

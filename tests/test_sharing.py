@@ -437,6 +437,30 @@ def test_gemm_like_gradient_reads_a_stored_elementwise_factor():
     assert te.cost([Y, X], [dS])["stages"] == 1
 
 
+@pytest.mark.parametrize("picked", [1, 4, 5])
+def test_a_value_a_reduction_reads_at_fewer_points_than_it_has_is_computed_there(rng, picked):
+    """``-Σ_i Σ_p logp[i, L[i, p]]`` reads a log-softmax ``N x C`` at ``N ·
+    picked`` points inside its reduction: fewer than its elements (1 or 4 of
+    5 a row), so only those are computed, at the reads; reading as many as
+    it has (5 of 5) computes each once either way, and it stays a stage,
+    shared with its other readers.  Values as numpy's."""
+    N, C = 6, 5
+    X, L = te.placeholder((N, C), "float64", "X"), te.placeholder((N, picked), "int32", "L")
+    c1, c2 = te.reduce_axis(C, "c"), te.reduce_axis(C, "c")
+    r, q = te.reduce_axis(N, "r"), te.reduce_axis(picked, "q")
+    m = te.compute((N,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    Z = te.compute((N,), lambda i: te.sum(te.exp(X[i, c2] - m[i]), axis=c2), name="Z")
+    logp = te.compute((N, C), lambda i, j: X[i, j] - m[i] - te.log(Z[i]), name="logp")
+    loss = te.compute((1,), lambda _: -te.sum(logp[r, L[r, q]], axis=[r, q]), name="loss")
+    kernel = te.build([X, L], [loss])
+    assert ("logp: float64" in kernel.loop_ir) == (picked == C)
+    x = rng.standard_normal((N, C))
+    labels = np.stack([rng.permutation(C)[:picked] for _ in range(N)]).astype(np.int32)
+    want = x - x.max(1, keepdims=True)
+    want -= np.log(np.exp(want).sum(1, keepdims=True))
+    np.testing.assert_allclose(kernel(x, labels), [-np.take_along_axis(want, labels, 1).sum()], rtol=1e-13)
+
+
 def test_padding_read_many_times_in_reductions_is_stored():
     """A convolution reads each element of its zero-padded input F*K*K times
     inside its reduction: the padding select is stored once (no test in the
