@@ -19,7 +19,7 @@ from math import prod
 
 import numpy as np
 
-from te_autodiff.expr import BinOp, Cast, Const, Expr, Load, Reduce, Select, Unary, Var
+from te_autodiff.expr import BinOp, Cast, Const, Expr, Load, Reduce, Select, Var, open_affine
 from te_autodiff.pretty import OPERATOR_TEXT
 from te_autodiff.visit import children as te_children, trampoline
 
@@ -723,27 +723,9 @@ def linear_form(e: Expr):
     affine in the fused loop; mismatched coefficients keep both atoms."""
     if not (e.dtype.startswith("int")):
         return None
-    terms, const_ = {}, 0
-    stack = [(e, 1)]
+    terms, const_, stack = {}, 0, [(e, 1)]
     while stack:
-        while stack:
-            node, k = stack.pop()
-            if k == 0:
-                continue
-            if isinstance(node, Const):
-                const_ += k * node.value
-            elif isinstance(node, BinOp) and node.op in ("add", "sub"):
-                stack += [(node.a, k), (node.b, k if node.op == "add" else -k)]
-            elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.b, Const):
-                stack.append((node.a, k * node.b.value))
-            elif isinstance(node, BinOp) and node.op == "mul" and isinstance(node.a, Const):
-                stack.append((node.b, k * node.a.value))
-            elif isinstance(node, Unary) and node.op == "neg":
-                stack.append((node.a, -k))
-            elif isinstance(node, Cast) and node.a.dtype.startswith("int") and node.to == "int64":
-                stack.append((node.a, k))
-            else:
-                terms[node] = terms.get(node, 0) + k
+        const_ += open_affine(stack, terms, casts=True)
         pair = _quotient_pair(terms)
         if pair is not None:                    # the dividend goes back in: it may be a sum
             remainder, quotient = pair

@@ -25,7 +25,7 @@ import math
 import weakref
 
 from . import dtype as dt
-from .expr import BinOp, Cmp, Const, Logic, Unary
+from .expr import Cmp, Logic, open_affine
 from .visit import conjuncts
 
 _NEGATE = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
@@ -114,24 +114,9 @@ def _affine(e):
     differences, negations and products by constants opened, anything else
     (a variable, ``x // c``, a read, a cast) an atom; None past
     :data:`MAX_STEPS`."""
-    terms, k, stack = {}, 0, [(e, 1)]
-    for _ in range(MAX_STEPS):
-        if not stack:
-            return terms, k
-        x, c = stack.pop()
-        if isinstance(x, Const):
-            k += c * x.value
-        elif isinstance(x, BinOp) and x.op in ("add", "sub"):
-            stack += [(x.a, c), (x.b, -c if x.op == "sub" else c)]
-        elif isinstance(x, BinOp) and x.op == "mul" and isinstance(x.a, Const):
-            stack.append((x.b, c * x.a.value))
-        elif isinstance(x, BinOp) and x.op == "mul" and isinstance(x.b, Const):
-            stack.append((x.a, c * x.b.value))
-        elif isinstance(x, Unary) and x.op == "neg":
-            stack.append((x.a, -c))
-        else:
-            terms[x] = terms.get(x, 0) + c
-    return (terms, k) if not stack else None
+    terms = {}
+    k = open_affine([(e, 1)], terms, MAX_STEPS)
+    return None if k is None else (terms, k)
 
 
 def _disjoint(s, t) -> bool:

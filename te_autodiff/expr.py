@@ -378,6 +378,37 @@ def is_const(e, value=None) -> bool:
     return isinstance(e, Const) and (value is None or e.value == value)
 
 
+def open_affine(stack: list, terms: dict, limit=None, casts: bool = False):
+    """Add the ``(expression, coefficient)`` pairs of ``stack`` into
+    ``terms`` (``{atom: coefficient}``), emptying it, and return their
+    constant part: sums, differences, negations and products by constants
+    are opened, with ``casts`` widening integer casts too; anything else is
+    an atom.  None (``stack`` not empty) when ``limit`` pairs do not finish."""
+    k, steps = 0, 0
+    while stack:
+        if limit is not None and steps == limit:
+            return None
+        steps += 1
+        x, c = stack.pop()
+        if c == 0:
+            continue
+        if isinstance(x, Const):
+            k += c * x.value
+        elif isinstance(x, BinOp) and x.op in ("add", "sub"):
+            stack += [(x.a, c), (x.b, -c if x.op == "sub" else c)]
+        elif isinstance(x, BinOp) and x.op == "mul" and isinstance(x.a, Const):
+            stack.append((x.b, c * x.a.value))
+        elif isinstance(x, BinOp) and x.op == "mul" and isinstance(x.b, Const):
+            stack.append((x.a, c * x.b.value))
+        elif isinstance(x, Unary) and x.op == "neg":
+            stack.append((x.a, -c))
+        elif casts and isinstance(x, Cast) and x.a.dtype.startswith("int") and x.to == "int64":
+            stack.append((x.a, c))
+        else:
+            terms[x] = terms.get(x, 0) + c
+    return k
+
+
 def _fold(op, x, y):
     try:
         return _ops.OPS[op].fold(x, y)
