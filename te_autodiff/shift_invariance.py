@@ -156,10 +156,10 @@ def _logsumexp(t, body, parents, users):
             d = None if logits.is_placeholder or set(users.get(logits, ())) != {t, r} else lifted(logits).body
             if not (isinstance(d, BinOp) and d.op == "sub"):
                 continue
-            reads = _reads(parents(), logits)
-            at_sum = substitute(_shift_at(d, logits, e.a.indices), to_t)
-            if len(reads) == 1 and len(parents()[reads[0]]) == 1 and (reads[0], -sign) in {(x, s) for x, s, _, _ in terms} \
-                    and _shift_at(d, logits, reads[0].indices) is at_sum:
+            reads = _reads(parents(), logits)                  # once, a term of the opposite sign
+            once = len(reads) == 1 and len(parents()[reads[0]]) == 1
+            if once and (reads[0], -sign) in {(x, s) for x, s, _, _ in terms} \
+                    and _shift_at(d, logits, reads[0].indices) is substitute(_shift_at(d, logits, e.a.indices), to_t):
                 yield logits, (d, 1)
 
 
