@@ -35,7 +35,7 @@ from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
 from . import (column_groups, gather_blocks, interior_split, k_blocks, lane_reduction, merged_loops, offset_loops,
                packing, panels, parallel_root, prefetch, register_tile, residue_classes, row_blocks, row_peeling,
-               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, vector_axis, vector_width)
+               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, triangles, vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
 from .constructors import Temporaries
 from .hoist import hoist_invariants
@@ -66,6 +66,9 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     interior = interior_split.decide(nest, stage.buffer, bl.target)
     if interior is not None:
         return again(interior_split.build(nest, stage, interior))
+    triangle = triangles.decide(nest, bl)
+    if triangle is not None:
+        return again(triangles.build(nest, stage, triangle))
     split = split_reduction.decide(nest)
     if split is not None:
         return split_reduction.build(nest, stage, split, temps, bl)
