@@ -37,7 +37,10 @@ with ``Z`` a sum of ``E`` (of ``exp(b_c - a_Z)``), the edges from each ``b
 
 The cancellation holds whichever elements of ``E`` the ratios read and the
 sum adds (a causal mask, ``cond ? E[i, c] : 0``): ``g_Z`` gathers exactly
-the ratios' terms, and the exponentials the sum adds make ``Z``.  It holds
+the ratios' terms, and the exponentials the sum adds make ``Z``.  So it
+does where the exponentials are masked themselves, ``cond ? exp(b - a) :
+0`` (a tensor or inline; in a log-sum-exp's sum as well): a masked element
+is a constant zero that ``a`` does not reach.  It holds
 too when the shifted exponent is scaled, ``exp((b - a) / t)`` or ``exp(c (b
 - a))`` (a temperature, attention's ``1/√d``), the numerator's factors
 those of the sum at ``idx'``: ``a``'s route through ``b - a`` carries the
@@ -104,13 +107,6 @@ def _scaled_shift(f, parent, parents):
     return None
 
 
-def _shifted_sum(r):
-    """The node ``b_c - a_R`` when ``r`` is ``sum_c exp(b_c - a_R)``; None otherwise."""
-    body = lifted(r).body
-    found = _exp_shift(body.body) if isinstance(body, Reduce) and body.op == "sum" else None
-    return found and found[0]
-
-
 def _shift_at(d, t, indices):
     """The shift ``a`` of ``d`` (``b - a`` in ``t``'s body) at ``t[indices]``."""
     return substitute(d.b, dict(zip(lifted(t).axes, indices)))
@@ -141,7 +137,7 @@ def _logsumexp(t, body, parents, users):
             if not (isinstance(rbody, Reduce) and rbody.op == "sum"):
                 continue
             r, to_t = found[0], dict(zip(lifted(found[0]).axes, found[1]))
-            d = _exp_shift(rbody.body)
+            d = _exp_shift(_summand(rbody.body))
             if d is not None:                                   # a + log(sum exp(b - a))
                 shift = substitute(d[0].b, to_t)
                 edge = next(((p, k) for x, s, p, k in terms if x is shift and s == sign), None)
@@ -216,14 +212,14 @@ def _normalised(t, body, parents, users):
                 continue
             ebody, e_axes, to_t = lifted(e).body, lifted(e).axes, dict(zip(z_axes, at_z))
             summed = tuple(substitute(i, to_t) for i in term.indices)       # the sum's index in t's axes
-            found = _exp_shift(ebody, _parents(ebody))
+            found = _exp_shift(_summand(ebody), _parents(ebody))
             if found is not None and _key(found, e_axes, num.indices) == _key(found, e_axes, summed):
                 yield e, (found[0], 1)
             logits = _exp_of_logits(ebody, users, {e})
             if logits is not None and logits[2](e_axes, num.indices) is logits[2](e_axes, summed):
                 yield logits[0], (logits[1], 1)
         else:
-            dn, dz = _exp_shift(num, parents()), _exp_shift(term, _parents(zbody))
+            dn, dz = _exp_shift(_summand(num), parents()), _exp_shift(term, _parents(zbody))
             if dn is not None and dz is not None and _key(dn, (), ()) == _key(dz, z_axes, at_z):
                 yield t, (dn[0], 1)
                 yield z, (dz[0], 1)

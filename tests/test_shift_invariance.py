@@ -240,6 +240,43 @@ def test_a_causal_softmax_sends_nothing_to_its_max(rng):
     np.testing.assert_allclose(te.build([X], [P])(x), e / e.sum(1, keepdims=True), rtol=1e-14)
 
 
+@pytest.mark.parametrize("form", ["tensor", "inline", "logsumexp"])
+def test_masked_exponentials_send_nothing_to_their_max(rng, form):
+    """The mask on the exponentials themselves, ``keep ? exp(x - m) : 0`` (as
+    a tensor, or inline in the ratio and the sum; in a log-sum-exp ``m +
+    log(sum_c keep ? exp(x_c - m) : 0)``): a masked element is a constant
+    zero that ``m`` does not reach, so the shift cancels as before."""
+    N, C = 5, 6
+    X = te.placeholder((N, C), F64, "X")
+    c1, c2 = te.reduce_axis(C, "c"), te.reduce_axis(C, "c")
+    m = te.compute((N,), lambda i: te.max(X[i, c1], axis=c1), name="m")
+    masked = lambda i, j: te.if_then_else(j <= i, te.exp(X[i, j] - m[i]), 0.0)          # noqa: E731
+    if form == "tensor":
+        E = te.compute((N, C), masked, name="E")
+        Z = te.compute((N,), lambda i: te.sum(E[i, c2], axis=c2), name="Z")
+        out = te.compute((N, C), lambda i, j: E[i, j] / Z[i], name="P")
+    elif form == "inline":
+        Z = te.compute((N,), lambda i: te.sum(masked(i, c2), axis=c2), name="Z")
+        out = te.compute((N, C), lambda i, j: masked(i, j) / Z[i], name="P")
+    else:
+        out = te.compute((N,), lambda i: m[i] + te.log(te.sum(masked(i, c2), axis=c2)), name="lse")
+    H = te.placeholder(out.shape, F64, "H")
+    dX, = te.gradient(out, [X], head=H)
+    assert "argmax" not in te.pretty(dX)
+    x, h = _data(rng, (N, C), tie=False), rng.standard_normal(out.shape)
+    keep = np.tril(np.ones((N, C), bool))
+    e = np.where(keep, np.exp(x - x.max(1, keepdims=True)), 0.0)
+    p = e / e.sum(1, keepdims=True)
+    if form == "logsumexp":
+        want = np.log(e.sum(1)) + x.max(1), p * h[:, None]
+    else:
+        want = p, p * (h - (p * h).sum(1, keepdims=True))
+    got = te.build([X, H], [out, dX])(x, h)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
+    te.check_gradient(out, [X], [x], head=h)
+
+
 def test_attention_scores_softmax_in_float32_needs_no_argmax(rng):
     """Batched attention weights ``softmax(Q K^T)`` per head, float32: no
     argmax stage is built and the gradient of ``sum(P H)`` matches numpy's
