@@ -33,14 +33,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from te_autodiff.expr import BinOp, Const, Var, add, maximum, minimum, mul, sub, var
+from te_autodiff.expr import BinOp, Cmp, Const, Var, add, maximum, minimum, mul, sub, var
 
 from ..bounds_check import Scope
 from ..bounds_exact import reach
 from ..loop_ir import (Alloc, Assign, Block, BufLoad, For, If, Stage, Store, free_leaves, linear_form, map_stmt,
-                       simplify_index, substitute, substituter, walk)
+                       nodes_in, simplify_index, stmt_exprs, substitute, substituter, walk)
 from .blocking import Blocking
 from .constructors import idx
+from .interior import drop_tests
 from .nest import Nest, accumulation, outer_writes
 
 
@@ -189,8 +190,27 @@ def _blocks(nest: Nest, stage: Stage, plan: Triangle, offset: int, rows: int, pa
     for name, body in (("rectangles", Block((init, rectangle, store))),
                        ("diagonal", Block((loaded, *rest, store)))):
         body = map_stmt(body, substituter({i: here}))
+        body = Block(tuple(_decided(s, loops) if isinstance(s, For) else s for s in body.stmts))
         out.append(replace(stage, name=f"{stage.name}.{name}{suffix}", body=Nest(loops, body).around(body)))
     return out
+
+
+def _decided(loop: For, outer: list) -> For:
+    """``loop`` with the tests in its body that its range decides folded
+    away (a mask ``j <= i`` inlined in the summand, true on every step a
+    row runs; the guard ``_unguarded`` dropped, repeated inside): each
+    order comparison that CP-SAT finds never false (or never true) over
+    the output loops ``outer`` and the loop's range."""
+    doms = {**{lp.var: (lp.lo, lp.extent) for lp in outer}, loop.var: (loop.lo, loop.extent)}
+    tests = []
+    for t in dict.fromkeys(nodes_in([x for s in walk(loop.body) for x in stmt_exprs(s)], set(), Cmp)):
+        if t.op not in ("lt", "le", "gt", "ge"):
+            continue
+        for value in (True, False):
+            if reach(idx(0), Scope(doms, conds=((t, not value),))) is None:       # no step where it differs
+                tests.append((t, value))
+                break
+    return drop_tests(loop, tests) if tests else loop
 
 
 def build(nest: Nest, stage: Stage, plan: Triangle) -> list:
