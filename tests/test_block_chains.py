@@ -37,16 +37,18 @@ def _attention(h: int, T: int, d: int, dtype: str = "float32", output_scores: bo
     return [Q, K, V, H], [loss, *te.gradient(loss, [Q, K, V])] + ([S] if output_scores else [])
 
 
-def _numpy(q, k, v, hh, reverse=False):
+def _numpy(q, k, v, hh, reverse=False, causal=False):
     """The loss and its gradients in float64, by hand."""
     q, k, v, hh = (x.astype(np.float64) for x in (q, k, v, hh))
     scale = q.shape[-1] ** -0.5
     s = q @ k.swapaxes(-1, -2) * scale
+    keep = np.tril(np.ones(s.shape[-2:], bool)) if causal else True
+    s = np.where(keep, s, -1e4)
     m = (s[..., ::-1, :] if reverse else s).max(-1, keepdims=True)
     p = np.exp(s - m)
     p /= p.sum(-1, keepdims=True)
     dp = hh @ v.swapaxes(-1, -2)
-    ds = p * (dp - np.sum(dp * p, -1, keepdims=True)) * scale
+    ds = p * (dp - np.sum(dp * p, -1, keepdims=True)) * scale * keep
     return [np.vdot(p @ v, hh), ds @ k, ds.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ hh]
 
 
@@ -199,12 +201,16 @@ def _attention_2d(T: int, d: int):
     return [Q, K, V, H], [loss, *te.gradient(loss, [Q, K, V])]
 
 
-def _attention_4d(b: int, h: int, T: int, d: int):
-    """``_attention`` over a batch: ``Q``, ``K``, ``V``, ``H`` are ``b x h x T x d``."""
+def _attention_4d(b: int, h: int, T: int, d: int, causal: bool = False):
+    """``_attention`` over a batch: ``Q``, ``K``, ``V``, ``H`` are ``b x h x T
+    x d``; ``causal`` masks the scores of later keys with -1e4."""
     Q, K, V, H = (te.placeholder((b, h, T, d), "float32", n) for n in "QKVH")
     k, j1, j2, j3 = (te.reduce_axis(n, name) for n, name in ((d, "k"), (T, "j"), (T, "j"), (T, "j")))
-    S = te.compute((b, h, T, T), lambda x, a, i, j: te.sum(Q[x, a, i, k] * K[x, a, j, k], axis=k) * d ** -0.5,
-                   name="S")
+
+    def scores(x, a, i, j):
+        s = te.sum(Q[x, a, i, k] * K[x, a, j, k], axis=k) * d ** -0.5
+        return te.if_then_else(j <= i, s, -1e4) if causal else s
+    S = te.compute((b, h, T, T), scores, name="S")
     M = te.compute((b, h, T), lambda x, a, i: te.max(S[x, a, i, j1], axis=j1), name="row_max")
     E = te.compute((b, h, T, T), lambda x, a, i, j: te.exp(S[x, a, i, j] - M[x, a, i]), name="exp")
     Z = te.compute((b, h, T), lambda x, a, i: te.sum(E[x, a, i, j2], axis=j2), name="row_sum")
@@ -333,6 +339,29 @@ def test_a_batch_of_heads_joins_a_block_of_one_head_at_a_time(rng, monkeypatch, 
     for g, w in zip(got, same):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
     for g, w in zip(got, _numpy(*arrays)):
+        np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("b, h", [(1, 2), (2, 2)])
+def test_a_causal_batch_of_heads_joins_its_gradient_rows(rng, monkeypatch, b, h):
+    """The mask's test ``j <= i`` in the scores' gradient reads the row, so
+    that stage could not walk heads and rows as one loop as the row stages
+    before it do (``merged_loops.py``): the rows then met in no common loop
+    and ``dP`` stayed whole.  The merged loop reads its row ``q % T`` in the
+    test; the gradient's row stages run with ``dP`` a block at a time.
+    Values as the stages run apart and as numpy's."""
+    t = te.target()
+    T = _prime_from(_rows(b * h, True))
+    inputs, outputs = _attention_4d(b, h, T, 32, causal=True)
+    joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
+    assert any({"dP", "drow_sum", "dS.r1"} <= s for s in _stages(joined)), _stages(joined)
+    kept = next(x for x in joined.program.buffers if x.name == "dP")
+    assert kept.nbytes <= max(t.threads, b * h) * (_block_bytes() + 16 * kept.shape[-1] * 4), kept
+    arrays = _data(rng, (b, h, T, 32), np.float32)
+    got, same = joined(*arrays), apart(*arrays)
+    for g, w in zip(got, same):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())
+    for g, w in zip(got, _numpy(*arrays, causal=True)):
         np.testing.assert_allclose(np.ravel(g), np.ravel(w), rtol=1e-3, atol=2e-4 * np.abs(w).max())
 
 

@@ -4,7 +4,12 @@ extent ``E``) that every access walks as one run of memory become one loop
 index ``a`` steps ``E`` times as far as ``b`` (``c_a = E c_b``, zero for
 both in a broadcast operand), and neither variable is read anywhere else
 (no guard, no value, no bound).  Then ``c_a a + c_b b = c_b (E a + b) =
-c_b q`` in every index, so ``q`` replaces both without a division.
+c_b q`` in every index, so ``q`` replaces both without a division.  But
+``b`` may be compared with the output loop inside both (a causal mask's
+``j <= i`` on a row ``i`` in attention's gradient, whose row stages before
+it walk heads and rows as one loop: apart, the rows of the three would
+meet in no common loop); the comparison then reads ``q % E``, a division
+an iteration of ``q``, not one an element.
 
 Why: a tensor's trailing axes are often short and not a multiple of the
 vector (a 14x14 image): vectorised along the last axis alone, each row of
@@ -21,19 +26,20 @@ loops vectorised to different widths would no longer share.  The order of
 the elements visited is unchanged, so the values are too."""
 from __future__ import annotations
 
-from te_autodiff.expr import Var, var
+from te_autodiff.expr import Cmp, Var, floordiv, mod, var
 
-from ..loop_ir import (BufLoad, Block, For, GuardedLoad, Store, children, free_leaves, rename, stmt_exprs, stride,
-                       walk)
+from ..loop_ir import (BufLoad, Block, For, GuardedLoad, Store, children, free_leaves, map_stmt, rename, simplify_index,
+                       stmt_exprs, stride, substituter, walk)
 from .constructors import idx
 from .nest import Nest
 
 
-def _accesses(body):
-    """The load and store indices in ``body``, and the variables it reads
-    anywhere else (values, tests, bounds, a guarded load's condition): the
-    walk does not enter an index."""
-    indices, outside, seen = [], set(), set()
+def _accesses(body, column=None):
+    """The load and store indices in ``body``, the variables it reads
+    anywhere else (values, tests, bounds, a guarded load's condition) and
+    those read only in order comparisons with the loop ``column`` (a mask's
+    ``j <= i``); the walk enters neither an index nor such a comparison."""
+    indices, outside, tested, seen = [], set(), set(), set()
     for s in walk(body):
         if isinstance(s, Store):
             indices.append(s.index)
@@ -46,17 +52,21 @@ def _accesses(body):
             if isinstance(e, (BufLoad, GuardedLoad)):
                 indices.append(e.index)
                 stack += [e.cond] if isinstance(e, GuardedLoad) else []
+            elif isinstance(e, Cmp) and e.op in ("lt", "le", "gt", "ge") and column in free_leaves(e):
+                tested |= free_leaves(e)
             else:
                 outside |= {e} if isinstance(e, Var) else set()
                 stack += children(e)
-    return indices, outside
+    return indices, outside, tested
 
 
-def mergeable(a: Var, b: Var, extent_b: int, body) -> bool:
+def mergeable(a: Var, b: Var, extent_b: int, body, column=None) -> bool:
     """Whether every index in ``body`` steps ``extent_b`` times as far with
-    ``a`` as with ``b`` and nothing else reads either (see the module doc)."""
-    indices, outside = _accesses(body)
-    if a in outside or b in outside:
+    ``a`` as with ``b`` and nothing else reads either, but for ``b`` in
+    order comparisons with ``column``, the output loop inside both (see
+    the module doc)."""
+    indices, outside, tested = _accesses(body, column)
+    if a in outside or a in tested or b in outside:
         return False
     for index in indices:
         sa, sb = stride(index, a), stride(index, b)
@@ -85,9 +95,26 @@ def build(nest: Nest) -> Nest:
     for d in reversed(range(1, len(loops) - 1)):
         a, b = loops[d], loops[d + 1]
         e_a, e_b = a.extent.value, b.extent.value
-        if not mergeable(a.var, b.var, e_b, body):
+        column = loops[d + 2].var if d + 2 < len(loops) else None
+        if not mergeable(a.var, b.var, e_b, body, column):
             continue
         q = _fresh(f"{a.var.name}_{b.var.name}", loops, body)
-        body = rename(body, {a.var: idx(0), b.var: q})
+        body = _merged(body, a.var, b.var, q, e_b, b.var in _accesses(body, column)[2])
         loops[d:d + 2] = [For(q, idx(0), idx(e_a * e_b), Block(()), a.kind)]
     return Nest(loops, body)
+
+
+def _merged(body, a: Var, b: Var, q: Var, extent_b: int, tested: bool):
+    """``body`` over ``q = extent_b a + b``.  Every index ``c_a a + c_b b``
+    is ``c_b q``; a ``tested`` ``b`` (a mask's row) reads ``q % extent_b``,
+    once per iteration of ``q``: substituted everywhere with ``a = q //
+    extent_b``, each index collects back into ``c_b q``."""
+    if not tested:
+        return rename(body, {a: idx(0), b: q})
+    go = substituter({a: floordiv(q, idx(extent_b)), b: mod(q, idx(extent_b))},
+                     load=lambda x: _reindexed(x, simplify_index(x.index)))
+    return map_stmt(body, go, store=lambda s, expr: Store(s.buffer, simplify_index(expr(s.index)), expr(s.value)))
+
+
+def _reindexed(load, index):
+    return GuardedLoad(load.buffer, index, load.cond) if isinstance(load, GuardedLoad) else BufLoad(load.buffer, index)
