@@ -15,7 +15,7 @@ from itertools import count
 from te_autodiff.expr import Var, add, floordiv, mul, sub, var
 
 from ..loop_ir import Block, For, If, Simd, walk
-from . import row_peeling
+from . import row_peeling, tile_tests
 from .constructors import as_block, idx, lt
 from .jam import jam
 from .tile_plan import TilePlan
@@ -63,7 +63,18 @@ def _vectors(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside=as_
     columns ``base .. base + n_cols`` of ``j`` (column tile number ``tile``),
     as full vectors jammed together and a partial last vector (masked, or
     pieces: ``TilePlan.masked_rest``), each vector loop's body made
-    ``inside(body)``."""
+    ``inside(body)``; a register tile in versions for the tests the whole
+    tile decides (``tile_tests.py``)."""
+    def make(body):
+        return _tile(plan, row_subs, base, n_cols, tile, body, tags, inside)
+    if plan.i is None:
+        return make(src)
+    ranges = {plan.i: (row_subs[0][plan.i], row_subs[-1][plan.i]), plan.j: (base, add(base, idx(n_cols - 1)))}
+    return tile_tests.decided(src, ranges, make)
+
+
+def _tile(plan: TilePlan, row_subs, base, n_cols, tile, src, tags, inside) -> Block:
+    """:func:`_vectors` without the versions."""
     j, lane, jt, lanes = plan.j, plan.lane, plan.jt, plan.lanes
     full, rest = divmod(n_cols, lanes)
     out = []
