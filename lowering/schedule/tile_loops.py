@@ -7,7 +7,8 @@ together, then a partial last vector), and with a register tile the row tiles of
 when the column tiles run first (row blocks and K blocks: BLIS's order,
 K blocks outside the column tiles), else row tiles around column tiles; the
 row tiles in peeled segments (``row_peeling.py``).  A partial last tile gets
-its own code behind a test that is the same for every lane."""
+its own code behind a test that is the same for every lane, and so does a
+register tile's version for a mask it decides (``tile_tests.py``)."""
 from __future__ import annotations
 
 from itertools import count
