@@ -138,3 +138,26 @@ def test_causal_attention_gradients_with_heads(rng):
     want = [np.vdot(p @ v, g), ds @ kk, ds.swapaxes(1, 2) @ q, p.swapaxes(1, 2) @ g]
     for got, w in zip(kernel(q, kk, v, g), want):
         np.testing.assert_allclose(np.reshape(got, np.shape(w)), w, rtol=1e-9, atol=1e-9 * np.abs(w).max())
+
+
+def test_a_triangle_inside_a_sum_over_heads_runs_in_blocks(rng):
+    """Heads sharing their keys in groups (grouped-query attention's ``K[a
+    // g]``): the key gradient sums over the group's heads, then over the
+    rows the mask keeps, ``i >= j``; the rows' loop inside the heads' loop
+    runs in blocks as before.  Values as numpy's."""
+    h, g, n, d = 4, 2, 4 * ROWS + 3, 8
+    Q, H = te.placeholder((h, n, d), "float64", "Q"), te.placeholder((h, n, n), "float64", "H")
+    K = te.placeholder((h // g, n, d), "float64", "K")
+    k = te.reduce_axis(d, "k")
+    Y = te.compute((h, n, n), lambda a, i, j: te.if_then_else(j <= i, te.sum(Q[a, i, k] * K[a // g, j, k], axis=k),
+                                                               0.0), name="Y")
+    r = [te.reduce_axis(x, f"r{m}") for m, x in enumerate((h, n, n))]
+    loss = te.compute((1,), lambda _: te.sum(Y[r[0], r[1], r[2]] * H[r[0], r[1], r[2]], axis=r), name="loss")
+    kernel = te.build([Q, K, H], [loss, *te.gradient(loss, [Q, K])])
+    assert "dK.rectangles" in [s.name for s in kernel.program.stages]
+    q, kk, hh = rng.standard_normal((h, n, d)), rng.standard_normal((h // g, n, d)), rng.standard_normal((h, n, n))
+    hm = hh * np.tril(np.ones((n, n)))
+    kr = np.repeat(kk, g, 0)
+    want = [np.vdot(q @ kr.swapaxes(1, 2), hm), hm @ kr, (hm.swapaxes(1, 2) @ q).reshape(h // g, g, n, d).sum(1)]
+    for got, w in zip(kernel(q, kk, hh), want):
+        np.testing.assert_allclose(np.reshape(got, np.shape(w)), w, rtol=1e-11, atol=1e-11 * np.abs(w).max())

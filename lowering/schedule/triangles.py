@@ -25,9 +25,11 @@ depends on the target's tile rows only.
 
 The rule applies to an element body that is one accumulator, its loop and
 the store of its value (or that under a guard which only skips empty
-ranges, ``_unguarded``), with bounds monotone in one output loop that is
-not the innermost (its rows then stay contiguous) and has two blocks or
-more.
+ranges, ``_unguarded``); the loop may be a nest, each loop the only
+statement of the one around it (grouped heads' keys: a sum over the
+group's heads, then over rows), the innermost's bounds monotone in one
+output loop the others do not read, which is not the innermost output
+loop (its rows then stay contiguous) and has two blocks or more.
 """
 from __future__ import annotations
 
@@ -92,9 +94,21 @@ def _direction(e, i: Var):
     return out
 
 
+def _chain(loop: For) -> list:
+    """``loop`` and the loops nested in it, each the only statement of the one around it."""
+    chain = [loop]
+    while True:
+        body = chain[-1].body
+        inner = body.stmts[0] if isinstance(body, Block) and len(body.stmts) == 1 else body
+        if not isinstance(inner, For):
+            return chain
+        chain.append(inner)
+
+
 def _reduction(body: Block):
     """``(Alloc, loop, Store)`` when ``body`` is ``acc = init; for ...: acc =
-    acc op e; out[...] = acc``; None otherwise."""
+    acc op e; out[...] = acc``, the loop a nest of loops each holding only
+    the next (a sum over a group of heads, then over rows); None otherwise."""
     stmts = body.stmts
     if len(stmts) != 3 or not (isinstance(stmts[0], Alloc) and isinstance(stmts[1], For)
                                and isinstance(stmts[2], Store)):
@@ -106,6 +120,13 @@ def _reduction(body: Block):
     if not writes or any(w.local is not acc or accumulation(w) is None for w in writes):
         return None
     return stmts
+
+
+def _nested(chain: list, inner) -> For:
+    """The loops of ``chain`` but its innermost around ``inner`` (a loop or a block)."""
+    for lp in reversed(chain[:-1]):
+        inner = For(lp.var, lp.lo, lp.extent, inner if isinstance(inner, Block) else Block((inner,)), lp.kind)
+    return inner
 
 
 def _unguarded(nest: Nest):
@@ -145,11 +166,13 @@ def decide(nest: Nest, bl: Blocking):
     body = nest.body if _reduction(nest.body) is not None else _unguarded(nest)
     if body is None:
         return None
-    loop = body.stmts[1]
+    chain = _chain(body.stmts[1])
+    loop = chain[-1]
     first, end = loop.lo, simplify_index(add(loop.lo, loop.extent))
     for i, n in zip(nest.vars[:-1], nest.extents[:-1]):
         slopes = (_direction(first, i), _direction(end, i))
-        if None not in slopes and slopes != (0, 0) and n >= 2 * rows:
+        if None not in slopes and slopes != (0, 0) and n >= 2 * rows and \
+                not any(i in free_leaves(e) for lp in chain[:-1] for e in (lp.lo, lp.extent)):
             return Triangle(body, i, first, end, slopes, rows)
     return None
 
@@ -165,7 +188,9 @@ def _blocks(nest: Nest, stage: Stage, plan: Triangle, offset: int, rows: int, pa
     (pair ``p`` is blocks ``p`` and ``2 pairs - 1 - p``), or one block when
     ``pairs`` is 0."""
     i = plan.i
-    init, loop, store = plan.body.stmts
+    init, outer, store = plan.body.stmts
+    chain = _chain(outer)
+    loop = chain[-1]
     pair, side, row = (var(f"{i.name}.{x}{suffix}") for x in "psr")
     block = add(pair, mul(side, sub(idx(2 * pairs - 1), mul(idx(2), pair))))
     start = add(mul(block, idx(rows)), idx(offset)) if pairs else idx(offset)
@@ -187,10 +212,12 @@ def _blocks(nest: Nest, stage: Stage, plan: Triangle, offset: int, rows: int, pa
     loops = [x for lp in nest.loops
              for x in ((*blocks, For(row, idx(0), idx(rows), None)) if lp.var is i else (lp,))]
     out = []
-    for name, body in (("rectangles", Block((init, rectangle, store))),
-                       ("diagonal", Block((loaded, *rest, store)))):
-        body = map_stmt(body, substituter({i: here}))
-        body = Block(tuple(_decided(s, loops) if isinstance(s, For) else s for s in body.stmts))
+    for name, pieces in (("rectangles", (rectangle,)), ("diagonal", tuple(rest))):
+        pieces = tuple(map_stmt(lp, substituter({i: here})) for lp in pieces)
+        pieces = tuple(_decided(lp, loops + chain[:-1]) for lp in pieces)
+        body = map_stmt(Block((init if name == "rectangles" else loaded,
+                               _nested(chain, pieces[0] if len(pieces) == 1 else Block(pieces)), store)),
+                        substituter({i: here}))
         out.append(replace(stage, name=f"{stage.name}.{name}{suffix}", body=Nest(loops, body).around(body)))
     return out
 
