@@ -2131,3 +2131,25 @@ def test_a_scans_step_never_streams_the_slice_the_next_step_reads(rng):
     for t in range(1, T):
         want[t] = av * want[t - 1] + xs[t]
     np.testing.assert_allclose(kernel(xs, av), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [2, 3])
+def test_a_sum_over_a_group_of_heads_is_an_offset_loop_and_packs_its_operand(rng, group):
+    """Grouped-query attention's ``V[a // g]``: the gradient sums over the
+    heads of a group, ``for a in g v..g v + g`` (bounds read the output's
+    group ``v``).  Over offsets ``a = g v + d``, ``d`` in ``0..g``, the loop no
+    longer depends on the output, so the other operand is read from packed
+    panels as in any product.  Values as numpy's."""
+    h, T, d = 2 * group, 96, 32
+    A = te.placeholder((h, T, T), "float32", "A")
+    V = te.placeholder((h // group, T, d), "float32", "V")
+    j = te.reduce_axis(T, "j")
+    O = te.compute((h, T, d), lambda a, i, c: te.sum(A[a, i, j] * V[a // group, j, c], axis=j), name="O")
+    H = te.placeholder((h, T, d), "float32", "H")
+    dV, = te.gradient(O, [V], head=H)
+    kernel = te.build([A, V, H], [dV])
+    text = kernel.scheduled_ir.split(f"stage {dV.name}:")[1]
+    assert re.search(rf"for \S+\.d in 0\.\.{group}:", text) and ".packed[" in text, text[:1500]
+    a, v, hh = (rng.standard_normal(s.shape).astype(np.float32) for s in (A, V, H))
+    want = np.einsum("aij,aic->ajc", a.astype(np.float64), hh.astype(np.float64)).reshape(h // group, group, T, d).sum(1)
+    np.testing.assert_allclose(kernel(a, v, hh), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

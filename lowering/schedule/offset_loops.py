@@ -3,7 +3,10 @@ whose bounds read output variables (zero elimination leaves such bounds on
 the gradients of convolutions) becomes ``for d in 0..D: x = e + d; if L <= x
 <= U: ...``: the bounds no longer depend on the output position, so the
 loop can be vectorised and jammed across outputs, and the test becomes a
-guard (``selects.py``).  The rule rewrites the element body loop by loop,
+guard (``selects.py``).  So does a loop with affine bounds a constant
+span apart, ``for a in g v..g v + g`` (grouped heads' sum in the gradient
+of ``V[a // g]``), without a test: a loop bound that reads an output
+variable keeps a product's operand from its packed panels.  The rule rewrites the element body loop by loop,
 inner loops first, deciding at each (:func:`decide`)."""
 from __future__ import annotations
 
@@ -43,23 +46,30 @@ def _bound_terms(e, op):
 
 def decide(loop: For, outer: set):
     """The :class:`Offsets` of ``loop`` when its bounds read the output
-    variables ``outer`` and have the form above with a constant span; None
+    variables ``outer`` and have the form above, or are affine with a
+    constant span (a group of heads, ``for a in 2 g..2 g + 2``); None
     otherwise."""
     if not depends((loop.lo, loop.extent), outer):
         return None
     lows, lo_rest = _bound_terms(loop.lo, "max")
-    hi_form = linear_form(add(loop.lo, loop.extent))
-    if len(lo_rest) != 1 or hi_form is None or len(hi_form[0]) != 1:
+    hi = add(loop.lo, loop.extent)
+    hi_form = linear_form(hi)
+    if len(lo_rest) != 1 or hi_form is None:
         return None
-    (hi_atom, k), = hi_form[0].items()
-    highs, hi_rest = _bound_terms(hi_atom, "min")
-    if k != 1 or len(hi_rest) != 1:
-        return None
-    first, last = lo_rest[0], add(hi_rest[0], idx(hi_form[1]))       # x in [first, last)
+    mins = [a for a in hi_form[0] if isinstance(a, BinOp) and a.op == "min"]
+    highs, last = (), hi                                                 # x in [first, last)
+    if mins:
+        if len(hi_form[0]) != 1 or hi_form[0][mins[0]] != 1:
+            return None
+        highs, hi_rest = _bound_terms(mins[0], "min")
+        if len(hi_rest) != 1:
+            return None
+        highs, last = tuple(v + hi_form[1] for v in highs), add(hi_rest[0], idx(hi_form[1]))
+    first = lo_rest[0]
     span = linear_form(sub(last, first))
     if span is None or span[0] or span[1] <= 0 or linear_form(first) is None:
         return None
-    return Offsets(first, span[1], tuple(lows), tuple(v + hi_form[1] for v in highs))
+    return Offsets(first, span[1], tuple(lows), highs)
 
 
 def _offset_loop(loop: For, body, plan: Offsets) -> For:
