@@ -2151,5 +2151,6 @@ def test_a_sum_over_a_group_of_heads_is_an_offset_loop_and_packs_its_operand(rng
     text = kernel.scheduled_ir.split(f"stage {dV.name}:")[1]
     assert re.search(rf"for \S+\.d in 0\.\.{group}:", text) and ".packed[" in text, text[:1500]
     a, v, hh = (rng.standard_normal(s.shape).astype(np.float32) for s in (A, V, H))
-    want = np.einsum("aij,aic->ajc", a.astype(np.float64), hh.astype(np.float64)).reshape(h // group, group, T, d).sum(1)
+    want = np.einsum("aij,aic->ajc", a.astype(np.float64), hh.astype(np.float64))
+    want = want.reshape(h // group, group, T, d).sum(1)
     np.testing.assert_allclose(kernel(a, v, hh), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -35,7 +35,8 @@ from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
 from . import (column_groups, gather_blocks, interior_split, k_blocks, lane_reduction, merged_loops, offset_loops,
                packing, panels, parallel_root, prefetch, register_tile, residue_classes, row_blocks, row_peeling,
-               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, triangles, vector_axis, vector_width)
+               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, triangles, vector_axis,
+               vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
 from .constructors import Temporaries
 from .hoist import hoist_invariants

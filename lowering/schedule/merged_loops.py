@@ -60,19 +60,19 @@ def _accesses(body, column=None):
     return indices, outside, tested
 
 
-def mergeable(a: Var, b: Var, extent_b: int, body, column=None) -> bool:
-    """Whether every index in ``body`` steps ``extent_b`` times as far with
-    ``a`` as with ``b`` and nothing else reads either, but for ``b`` in
-    order comparisons with ``column``, the output loop inside both (see
-    the module doc)."""
+def mergeable(a: Var, b: Var, extent_b: int, body, column=None):
+    """None unless every index in ``body`` steps ``extent_b`` times as far
+    with ``a`` as with ``b`` and nothing else reads either, but for ``b`` in
+    order comparisons with ``column``, the output loop inside both (see the
+    module doc); else whether ``b`` is read there."""
     indices, outside, tested = _accesses(body, column)
     if a in outside or a in tested or b in outside:
-        return False
+        return None
     for index in indices:
         sa, sb = stride(index, a), stride(index, b)
         if sa is None or sb is None or sa != extent_b * sb:
-            return False
-    return True
+            return None
+    return b in tested
 
 
 def _fresh(name: str, loops, body) -> Var:
@@ -96,10 +96,11 @@ def build(nest: Nest) -> Nest:
         a, b = loops[d], loops[d + 1]
         e_a, e_b = a.extent.value, b.extent.value
         column = loops[d + 2].var if d + 2 < len(loops) else None
-        if not mergeable(a.var, b.var, e_b, body, column):
+        tested = mergeable(a.var, b.var, e_b, body, column)
+        if tested is None:
             continue
         q = _fresh(f"{a.var.name}_{b.var.name}", loops, body)
-        body = _merged(body, a.var, b.var, q, e_b, b.var in _accesses(body, column)[2])
+        body = _merged(body, a.var, b.var, q, e_b, tested)
         loops[d:d + 2] = [For(q, idx(0), idx(e_a * e_b), Block(()), a.kind)]
     return Nest(loops, body)
 
