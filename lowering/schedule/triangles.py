@@ -212,12 +212,11 @@ def _blocks(nest: Nest, stage: Stage, plan: Triangle, offset: int, rows: int, pa
     loops = [x for lp in nest.loops
              for x in ((*blocks, For(row, idx(0), idx(rows), None)) if lp.var is i else (lp,))]
     out = []
-    for name, pieces in (("rectangles", (rectangle,)), ("diagonal", tuple(rest))):
-        pieces = tuple(map_stmt(lp, substituter({i: here})) for lp in pieces)
-        pieces = tuple(_decided(lp, loops + chain[:-1]) for lp in pieces)
-        body = map_stmt(Block((init if name == "rectangles" else loaded,
-                               _nested(chain, pieces[0] if len(pieces) == 1 else Block(pieces)), store)),
-                        substituter({i: here}))
+    at_row = substituter({i: here})             # the loops around the pieces do not read the row
+    for name, start_with, pieces in (("rectangles", init, (rectangle,)), ("diagonal", loaded, tuple(rest))):
+        pieces = tuple(_decided(map_stmt(lp, at_row), loops + chain[:-1]) for lp in pieces)
+        inner = _nested(chain, pieces[0] if len(pieces) == 1 else Block(pieces))
+        body = Block((map_stmt(start_with, at_row), inner, map_stmt(store, at_row)))
         out.append(replace(stage, name=f"{stage.name}.{name}{suffix}", body=Nest(loops, body).around(body)))
     return out
 
