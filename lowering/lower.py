@@ -53,6 +53,12 @@ reads a stored ``dY``; recomputing it would
 repeat its work in every iteration)
 ===========================================  ==================================
 
+A *scaled view*, a tensor that is a stored tensor read at its own position
+times factors reading fewer of its axes (a softmax ``P = E / Σ E``, whose
+``E`` the gradient keeps), read inside sums that can take its factors, is
+read as the tensor it scales before this rule runs (``scaled_reads.py``):
+``P V`` becomes ``(E V) / Σ E``, so ``P`` is not stored a second time.
+
 Inlining (trivial, cheap or once per element) happens only while the stage
 the tensor lands in stays within ``STAGE_BUDGET`` expression nodes; past it
 the producer is stored (LLVM's compile time grows faster than linearly with
@@ -93,8 +99,8 @@ from collections import ChainMap
 
 from te_autodiff import dtype as dt
 from te_autodiff.expr import (BinOp, Cast, Cmp, Const, Load, Logic, Reduce, ScanState, Select, Unary, Var, add,
-                              binop, cast, compare, const, identity_of, logic_and, logic_not, logic_or,
-                              maximum, minimum, mul, select, sub, var)
+                              binop, cast, compare, const, factors, identity_of, logic_and, logic_not, logic_or,
+                              maximum, minimum, mul, product, select, sub, var)
 from te_autodiff.graph import tensors_in_order
 from te_autodiff.lift import is_lifted_part
 from te_autodiff.ops import OPS
@@ -108,6 +114,7 @@ from .key_stages import is_keyed, keyed_stage
 from .loop_ir import (LOOP_NEST_NODES, STAGE_BUDGET, Alloc, Assign, Block, Buffer, BufLoad, Check, For, If, Local,
                       Program, Stage, Store, TimeLoop, children as loop_children, free_leaves, simplify_index,
                       walk)
+from .scaled_reads import scale_reads
 
 TRIVIAL_WORK = 1            # inlined everywhere, even inside a reduction
 CHEAP_WORK = 3              # inlined when not read inside a reduction
@@ -716,21 +723,12 @@ def _invariant_factors(v, bound: set):
     factors are applied after the loop, which has run (its domain is fixed
     and not empty) and so has made every check of a read they need.  A
     negation stays: a multiply-add negates for free (``fnmadd``)."""
-    inside, outside, stack = [], [], [("mul", v)]
-    while stack:
-        op, f = stack.pop()
-        if isinstance(f, BinOp) and f.op in ("mul", "div") and dt.is_float(f.dtype) and op == "mul":
-            stack += [(f.op, f.b), ("mul", f.a)]
-        elif free_leaves(f).isdisjoint(bound):
-            outside.append((op, f))
-        else:
-            inside.append((op, f))
+    pairs = factors(v)
+    outside = [(op, f) for op, f in pairs if free_leaves(f).isdisjoint(bound)]
+    inside = [(op, f) for op, f in pairs if not free_leaves(f).isdisjoint(bound)]
     if not (inside and outside):
         return [], v
-    rest = const(1, v.dtype)
-    for op, f in inside:
-        rest = binop(op, rest, f)
-    return outside, rest
+    return outside, product(inside, v.dtype)
 
 
 class _NestedTooDeeply(Exception):
@@ -1010,6 +1008,12 @@ def lower(inputs, outputs, name=None, *, store=(), recompute=()) -> Program:
     parts = {rep[t] for t in rep if is_lifted_part(t)} - from_user
     graph = tensors_in_order(results)
     plan = Plan(graph, results, store_set, recompute_set, parts)
+    scaled = scale_reads(graph, set(plan.stored), set(results) | store_set)
+    if scaled:                                      # a view's reads inside sums read what it scales
+        results = [scaled.get(t, t) for t in results]
+        store_set, recompute_set, parts = ({scaled.get(t, t) for t in s} for s in (store_set, recompute_set, parts))
+        graph = tensors_in_order(results)
+        plan = Plan(graph, results, store_set, recompute_set, parts)
     # every state of a scan gets a buffer, read or not
     states = [y for t in plan.stored if _is_scan(t) for y in t.body.scan.results if y not in plan.stored]
     buffers = _buffers(inputs, plan.stored + list(dict.fromkeys(states)), results)

@@ -464,6 +464,27 @@ def binop(op: str, a, b) -> Expr:
     return BinOp(op, a, b)
 
 
+def factors(e) -> list:
+    """``e`` as a float product: ``(op, factor)`` pairs, ``op`` "mul" or
+    "div", left to right (the factors of a divisor stay one factor)."""
+    out, stack = [], [("mul", e)]
+    while stack:
+        op, f = stack.pop()
+        if op == "mul" and isinstance(f, BinOp) and f.op in ("mul", "div") and dt.is_float(f.dtype):
+            stack += [(f.op, f.b), ("mul", f.a)]
+        else:
+            out.append((op, f))
+    return out
+
+
+def product(pairs, dtype: str) -> Expr:
+    """The product of ``(op, factor)`` pairs (:func:`factors`), left to right from 1."""
+    out = const(1, dtype)
+    for op, f in pairs:
+        out = binop(op, out, f)
+    return out
+
+
 def _floor_multiple(b, x):
     """``c`` when ``b`` is ``c * (x // c)`` (either order) for an integer constant ``c``."""
     if not (isinstance(b, BinOp) and b.op == "mul" and dt.is_int(b.dtype)):
