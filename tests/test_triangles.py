@@ -2,12 +2,13 @@
 moves with an output row runs as register-tiled rectangles over blocks of
 rows plus each row's rest, in pairs of blocks that share the work evenly."""
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import te_autodiff as te
-from lowering.loop_ir import For, free_leaves, substitute, walk
+from lowering.loop_ir import For, Prefetch, free_leaves, linear_form, loads_in, stmt_exprs, substitute, walk
 from lowering.pipeline import lower_for
 from lowering.schedule import TILE_VECTORS, blocking
 from lowering.schedule.constructors import idx
@@ -161,3 +162,33 @@ def test_a_triangle_inside_a_sum_over_heads_runs_in_blocks(rng):
     want = [np.vdot(q @ kr.swapaxes(1, 2), hm), hm @ kr, (hm.swapaxes(1, 2) @ q).reshape(h // g, g, n, d).sum(1)]
     for got, w in zip(kernel(q, kk, hh), want):
         np.testing.assert_allclose(np.reshape(got, np.shape(w)), w, rtol=1e-11, atol=1e-11 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("name", ["haswell", "skylake-avx512"])
+@pytest.mark.parametrize("scale", [0.25, 4])
+def test_a_triangle_walking_beyond_l2_asks_for_its_next_line(rng, name, scale):
+    """``dK``'s rectangles read ``H`` down its columns, a block of rows at a
+    time.  The rows the walk covers are those of every block (the pair and
+    side loops), and a step loop whose extent moves with the block counts
+    its longest: over a triangle ``scale`` times L2 each step asks for the
+    next line (one hint in the loop, a line further), at a quarter of L2
+    none.  Values against numpy's."""
+    target = replace(te.target(name), threads=2)
+    n = int((scale * target.l2_bytes / 8) ** 0.5) // 32 * 32
+    inputs, outputs, _ = masked_product(n, n, 8, "causal")
+    kernel = te.build(inputs, outputs, target=target)
+    rect = next(s for s in kernel.program.stages if s.name == "dK.rectangles")
+    hints = [x for x in walk(rect.body) if isinstance(x, Prefetch) and x.buffer.name == "H"]
+    assert len(hints) == (scale > 1), hints
+    if hints:
+        loop = next(x for x in walk(rect.body) if isinstance(x, For) and hints[0] in x.body.stmts)
+        assert not isinstance(loop.extent, Const)
+        reads = [linear_form(x.index) for s in walk(loop.body) for x in loads_in(stmt_exprs(s), set())
+                 if x.buffer.name == "H"]
+        terms, ahead = linear_form(hints[0].index)
+        assert ahead - min(c for t, c in reads if t == terms) == target.cache_line // 8
+    if kernel.target.missing_on_host() is None:
+        q, k, h = rng.standard_normal((n, 8)), rng.standard_normal((n, 8)), rng.standard_normal((n, n))
+        want, bounds = reference(q, k, h, "causal")
+        for g, w, b in zip(kernel(q, k, h), want, bounds):
+            assert np.all(np.abs(np.reshape(g, np.shape(w)) - w) <= 4 * b + 1e-300)

@@ -93,7 +93,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     plan = sum_chains.decide(plan, nest, bl, stage.buffer in compared)
     copies = []                                           # the plan built, innermost first
     body = packing.build(plan.body, plan.copies, temps, copies, bl.target)
-    body = prefetch.build(plan, body, bl)
+    body = prefetch.build(plan, nest, body, bl)
     body, into, epilogue = k_blocks.build(plan, nest, stage, body, temps)
     out = []
     for name, group in column_groups.parts(plan, into[0]):  # a stage per group of column tiles
