@@ -58,12 +58,10 @@ def _view(t: Tensor, stored: set):
     return own[0], scale
 
 
-def _operand_index(load) -> dict | None:
-    """``{variable: position}`` when ``load``'s index is distinct variables."""
+def _operand_vars(load) -> set | None:
+    """The variables of ``load``'s index when it is distinct variables."""
     ix = load.indices
-    if not all(isinstance(v, Var) for v in ix) or len(set(ix)) != len(ix):
-        return None
-    return {v: k for k, v in enumerate(ix)}
+    return set(ix) if all(isinstance(v, Var) for v in ix) and len(set(ix)) == len(ix) else None
 
 
 class _Rewrite:
@@ -128,7 +126,7 @@ def _summand(red: Reduce, view: Tensor, own: Load, scale: list, rw: _Rewrite):
         need = set().union(*(free_vars(f) for _, f in inside))
         operands = [(prod(f.tensor.shape), k) for k, (op, f) in enumerate(pairs)
                     if op == "mul" and f is not read and isinstance(f, Load)
-                    and (ix := _operand_index(f)) is not None and need <= set(ix)]
+                    and (ix := _operand_vars(f)) is not None and need <= ix]
         if not operands:
             return None
         k = min(operands)[1]
@@ -149,17 +147,17 @@ def scale_reads(graph: list, stored: set, keep: set) -> dict:
     for t in graph:
         for p in t.inputs:
             readers.setdefault(p, []).append(t)
-    rw, claimed = _Rewrite(), {}
+    rw, views = _Rewrite(), set()
     for view in graph:
         if view.is_placeholder or view in keep or view not in stored or not (found := _view(view, stored)):
             continue
         own, scale = found
-        if own.tensor in claimed.values():          # a view of a view: the first is no longer stored
+        if own.tensor in views:                     # a view of a view: the first is no longer stored
             continue
         trial, before = {}, dict(rw.operands)
         for t in readers.get(view, []):
             sums = _sites(t, view)
-            if sums is None or any(s in claimed or s in rw.summands for s in sums):
+            if sums is None or any(s in rw.summands for s in sums):
                 trial = None
                 break
             for s in sums:
@@ -175,7 +173,7 @@ def scale_reads(graph: list, stored: set, keep: set) -> dict:
             rw.operands = before
             continue
         rw.summands.update(trial)
-        claimed.update(dict.fromkeys(trial, view))
+        views.add(view)
     if not rw.summands:
         return {}
     return _rebuild(graph, rw)
