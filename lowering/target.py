@@ -170,6 +170,16 @@ class Target:
         return f"llvm.x86.avx512.mask.scalef.{'ps' if single else 'pd'}.512", 16 if single else 8
 
     @property
+    def chained_minmax(self) -> bool:
+        """Whether a float maximum or minimum (NaN if either operand is, -0
+        below +0) is a chain of dependent instructions: x86 before AVX10.2 has
+        no such instruction (``maxps`` returns its second operand for a NaN
+        and for a pair of zeros), so LLVM tests the sign, blends twice, tests
+        for NaN and selects around one ``maxps``; AArch64's ``fmax`` is the
+        operation itself."""
+        return self.x86
+
+    @property
     def mask_registers(self) -> bool:
         """Whether a vector compare writes a register of lane bits (AVX-512's
         ``k`` registers) whatever the lanes' width; elsewhere it writes a

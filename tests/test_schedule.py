@@ -827,6 +827,58 @@ def test_a_reduction_rereading_cached_lanes_runs_chains_side_by_side(rng, k):
     np.testing.assert_allclose(kernel(p, c), ((p[:, None, :] - c[None]) ** 2).sum(-1).min(1), rtol=1e-12)
 
 
+@pytest.mark.parametrize("target", ["haswell", "skylake-avx512", "neoverse-n1"])
+def test_a_float_maximum_reduction_runs_chains_side_by_side(rng, target):
+    """x86 has no instruction for a float maximum that is NaN if either
+    operand is (LLVM builds one of ~5 dependent instructions around
+    ``maxps``), so a reduction stepping by it is a chain of ~10 cycles a
+    step: a row's maximum in lanes and a column's minimum along the output
+    take as many vectors per step as the register file holds chains
+    (``Blocking.math_chains``).  AArch64's ``fmax`` is one instruction and
+    an integer maximum one ``pmaxsd``: they keep one vector, as does
+    ``min_j`` of sums over an inner loop (its steps are the adds).  On this
+    machine the values keep the maximum's rules at lengths on both sides of
+    the chained width: a NaN anywhere gives NaN, and ``-0 < +0``."""
+    t = te.target(target)
+    lanes = t.lanes(4)
+    chained = lanes * (blocking(t).math_chains if t.chained_minmax else 1)
+    n = 1000
+    X, I = te.placeholder((n, n), "float32", "X"), te.placeholder((n, n), "int32", "I")
+    C = te.placeholder((n, 8), "float32", "C")
+    c, e = te.reduce_axis(n, "c"), te.reduce_axis(8, "e")
+    row = te.compute((n,), lambda i: te.max(X[i, c], axis=c), name="row")
+    col = te.compute((n,), lambda j: te.min(X[c, j], axis=c), name="col")
+    irow = te.compute((n,), lambda i: te.max(I[i, c], axis=c), name="irow")
+    D = te.compute((n, n), lambda i, j: te.sum((X[i, e] - C[j, e]) * (X[i, e] - C[j, e]), axis=e), name="D")
+    nearest = te.compute((n,), lambda i: te.min(D[i, c], axis=c), name="nearest")
+    for out, inputs, want in ((row, [X], chained), (col, [X], chained), (irow, [I], lanes),
+                              (nearest, [X, C], None)):
+        kernel = te.build(inputs, [out], target=target)
+        widths = {x.lanes for st in kernel.program.stages for x in walk(st.body) if isinstance(x, Simd)}
+        if want is None:                  # the chains of the sums over e decide, as without the minimum
+            want = lanes * blocking(t).math_chains // 2
+        assert max(widths) == want, (out.name, widths)
+    host = te.target()
+    wide = host.lanes(4) * (blocking(host).math_chains if host.chained_minmax else 1)
+    for m in (wide - 3, wide, wide + 5, 1000):
+        Xm = te.placeholder((6, m), "float32", "X")
+        r = te.reduce_axis(m, "r")
+        most = te.compute((6,), lambda i: te.max(Xm[i, r], axis=r), name="most")
+        least = te.compute((6,), lambda i: te.min(Xm[i, r], axis=r), name="least")
+        kernel = te.build([Xm], [most, least])
+        x = rng.standard_normal((6, m)).astype(np.float32)
+        x[1, rng.integers(m)] = np.nan
+        x[2] = np.where(rng.random(m) < 0.5, -0.0, 0.0)
+        x[2, :2] = (-0.0, 0.0)
+        x[3] = -0.0
+        x[4] = np.inf
+        x[5, rng.integers(m)] = -np.inf
+        hi, lo = kernel(x)
+        np.testing.assert_array_equal(hi, np.max(x, axis=1))
+        np.testing.assert_array_equal(lo, np.min(x, axis=1))
+        assert not np.signbit(hi[2]) and np.signbit(lo[2]) and np.signbit(hi[3]), (m, hi[2], lo[2], hi[3])
+
+
 def test_a_scan_step_applying_math_keeps_one_vector_per_step(rng):
     """The stages of a scan's step are small slices: they keep one vector per
     step (two would cost build time for no measurable gain)."""
@@ -2139,8 +2191,10 @@ def test_a_sum_over_a_group_of_heads_is_an_offset_loop_and_packs_its_operand(rng
     heads of a group, ``for a in g v..g v + g`` (bounds read the output's
     group ``v``).  Over offsets ``a = g v + d``, ``d`` in ``0..g``, the loop no
     longer depends on the output, so the other operand is read from packed
-    panels as in any product.  Values as numpy's."""
-    h, T, d = 2 * group, 96, 32
+    panels as in any product (``T`` makes ``H`` larger than the target's
+    ``panel_min_bytes``, which packing asks of an operand).  Values as numpy's."""
+    h, d = 2 * group, 32
+    T = max(96, -(-blocking(te.target()).panel_min_bytes // (h * d * 4 * 32)) * 32)
     A = te.placeholder((h, T, T), "float32", "A")
     V = te.placeholder((h // group, T, d), "float32", "V")
     j = te.reduce_axis(T, "j")

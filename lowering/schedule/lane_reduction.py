@@ -32,7 +32,7 @@ from .blocking import Blocking, pow2_floor
 from .constructors import as_block, idx
 from .nest import COMBINE, Nest, accesses_of, accumulation, loop_nests, outer_writes, trips
 from .vector_axis import vector_cost
-from .vector_width import chained_lanes, lanes_for, transposed_lanes, uncrowded_lanes
+from .vector_width import chained_lanes, lanes_for, reduction_chain, transposed_lanes, uncrowded_lanes
 
 SUM_RUN = 64                 # a lane adds this many terms on their own before its running total
 RUN_MIN = 16                 # a sum over nested loops adds runs of at least this many vectors into its total
@@ -95,7 +95,8 @@ def _lane_plan(body: Block, bl: Blocking):
         lanes = min(native, pow2_floor(loop.extent.value))
         if costs[loop.var] == float("inf") or lanes * 2 < native:
             return None
-        lanes = chained_lanes(uncrowded_lanes(lanes, accesses, loop.var, bl), inner, loop.extent.value, bl)
+        lanes = chained_lanes(uncrowded_lanes(lanes, accesses, loop.var, bl), inner, loop.extent.value, bl,
+                              reduction_chain(inner, bl))
         gathers = [a for a in accesses if stride(a.index, loop.var) not in (0, 1)]
         rest = sorted((lp for lp in loops if lp is not loop),      # the gathers move least innermost
                       key=lambda lp: -sum(abs(stride(a.index, lp.var) or 1 << 20) * a.weight for a in gathers))

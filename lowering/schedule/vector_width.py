@@ -9,7 +9,8 @@ neither runs a register tile nor transposes rows (the last tile rule,
   (:func:`uncrowded_lanes`, ``Target.l1_ways``);
 * a body applying exp, log, tanh... takes several vectors per step, as many
   chains as the register file holds (``Blocking.math_chains``) when a value
-  passes through two such functions in turn, half as many through one
+  passes through two such functions in turn or a reduction takes a float
+  maximum built of several instructions, half as many through one function
   or a reduction re-reading data from cache (:func:`chained_lanes`:
   dependency chains side by side); the stages of a scan's step keep one
   vector.
@@ -23,12 +24,14 @@ from dataclasses import replace
 
 import numpy as np
 
+from te_autodiff.dtype import is_float
 from te_autodiff.expr import Const, Unary, Var
 from te_autodiff.visit import topo_order
 
 from ..fast_math import BODIES
 from ..loop_ir import Alloc, Assign, Block, For, children, free_leaves, stmt_exprs, stride, walk
 from .blocking import Blocking
+from .nest import accumulation
 
 TRANSPOSE_BODY = 4      # statements at most in a body the code generator emits once per lane
 
@@ -90,15 +93,18 @@ def transposed_lanes(lanes: int, accesses, v: Var, inner: For | None, body, bl: 
     return wide if isinstance(inner.extent, Const) and inner.extent.value % wide == 0 else None
 
 
-def chained_lanes(lanes: int, body, extent: int, bl: Blocking, cached: bool = False) -> int:
+def chained_lanes(lanes: int, body, extent: int, bl: Blocking, chain: int = 0) -> int:
     """The lanes of one step of a vector loop of ``extent`` iterations over
     ``body``: ``bl.math_chains`` vectors (the chains the register file
     holds) when a value of ``body`` passes through two functions of
     ``fast_math.py`` in turn (:func:`math_depth`), half as many when through
-    one or when each element's reduction re-reads ``cached`` data (each
-    element a chain of dependent steps that memory does not pace:
-    :func:`cached_in_loops`), and one vector otherwise (or when the loop is
-    shorter than that).
+    one, and one vector otherwise (or when the loop is shorter than that).
+    ``chain`` (0, 1 or 2) stands for that depth when each element's reduction
+    is a chain of dependent steps that memory does not pace: 1 for an add
+    re-reading cached data (:func:`cached_in_loops`), 2 for a float maximum
+    that the target builds of several instructions (``Target.chained_minmax``:
+    a step's ~5 dependent instructions take ~10 cycles, and each chain
+    holds only its total, the vector read and a blend).
 
     Such a function is a chain of ~25 dependent instructions; a body applying
     three of them is ~180 instructions per vector, so the out-of-order window
@@ -109,7 +115,7 @@ def chained_lanes(lanes: int, body, extent: int, bl: Blocking, cached: bool = Fa
     slower when measured (the softmax cross-entropy's one exp).  A scan's
     step stages keep one vector (``Blocking.math_chains`` is 1 there): their
     slices are small, and wider steps cost more build time than they save."""
-    depth = min(math_depth(body), 2) or int(cached)
+    depth = min(math_depth(body), 2) or chain
     chained = lanes * max(1, bl.math_chains >> (2 - depth)) if depth else lanes
     return chained if extent >= chained else lanes
 
@@ -128,6 +134,19 @@ def math_depth(body) -> int:
     return max(depth.values(), default=0)
 
 
+def reduction_chain(body, bl: Blocking, cached: bool = False) -> int:
+    """:func:`chained_lanes`'s ``chain`` for a vector loop over ``body``: 2
+    when the reduction its innermost loop steps combines by a float maximum
+    or minimum that the target builds of several instructions (a row's
+    maximum; not ``min_j`` of sums over an inner loop, whose steps are
+    that loop's adds), 1 when it re-reads ``cached`` data, else 0."""
+    loops = [x for x in walk(body) if isinstance(x, For)]
+    innermost = [lp.body for lp in loops if not any(isinstance(y, For) for y in walk(lp.body))] or [body]
+    combines = {accumulation(x)[0] for b in innermost for x in walk(b)
+                if isinstance(x, Assign) and is_float(x.local.dtype) and accumulation(x) is not None}
+    return 2 if bl.target.chained_minmax and combines & {"max", "min"} else int(cached)
+
+
 def cached_in_loops(accesses, v: Var) -> bool:
     """Whether a load along the vector axis ``v`` stays put while one of the
     reduction loops around it runs (``P[e, i]`` in ``min_j Σ_e (C[j, e] -
@@ -143,5 +162,5 @@ def decide(plan, bl: Blocking):
     if plan.i is not None or plan.transpose:
         return plan
     lanes = uncrowded_lanes(plan.lanes, plan.accesses, plan.j, bl)
-    cached = cached_in_loops(plan.accesses, plan.j)
-    return replace(plan, lanes=chained_lanes(lanes, plan.body, plan.j_extent, bl, cached))
+    chain = reduction_chain(plan.body, bl, cached_in_loops(plan.accesses, plan.j))
+    return replace(plan, lanes=chained_lanes(lanes, plan.body, plan.j_extent, bl, chain))
