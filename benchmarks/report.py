@@ -122,6 +122,26 @@ def ratio_line(rows: list, what: str) -> str:
             f"{sum(1 for x in ratios if x >= 1)} of {len(ratios)}.")
 
 
+def kept_line(rows: list, what: str, uncapped, isa: str) -> str | None:
+    """In a run whose peers are kept to a narrower instruction set than the
+    machine's (``TE_TARGET``): te against the fastest correct peer that is
+    kept to it, JAX left out of the rows where ``uncapped(row)`` (its matrix
+    products and convolutions choose their own instructions,
+    ``peer_isa.UNCAPPED``).  None when no row leaves JAX out."""
+    left_out = sum(1 for r in rows if uncapped(r) and "jax" in r["peers"])
+    ratios = []
+    for r in rows:
+        kept = {p: x["median_ms"] for p, x in r["peers"].items()
+                if _ok(x) and x["correct"] and not (p == "jax" and uncapped(r))}
+        if kept and _ok(r["te"]) and r["te"]["correct"]:
+            ratios.append(min(kept.values()) / r["te"]["median_ms"])
+    if not left_out or not ratios:
+        return None
+    return (f"Against the peers kept to {isa} (JAX left out of the {left_out} {what} it runs through matrix "
+            f"libraries that are not): geometric mean of (fastest peer ms / te ms) {geomean(ratios):.3f}; te is "
+            f"at least as fast as the fastest such peer on {sum(1 for x in ratios if x >= 1)} of {len(ratios)}.")
+
+
 def percent_cell(row: dict, who: str, mach: dict, threads: int) -> str:
     """``who``'s (``"te"`` or ``"peer"``: the fastest) first rate of a
     summary row as a percentage of its limit, with the reason when above
@@ -265,6 +285,10 @@ def _kernel_sections(run: dict, mach: dict, limits: dict, results: list, L: list
     gm = geomean([r["ratio"] for r in rows])
     if gm is not None:
         L.append(ratio_line(rows, "kernel(s)"))
+        kept = mach.get("peer_caps") and kept_line(rows, "kernel(s)", lambda r: r["kernel_record"].limit == "fma",
+                                                    mach["isa"].upper())
+        if kept:
+            L.append(kept)
     else:
         L.append("No ratio: te-autodiff or every peer is missing, failed or wrong on every kernel.")
     missing = [KERNELS[r["kernel"]].key for r in rows if not r["ratio"]]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .peer_isa import UNCAPPED
 from .peers import LABELS, PEERS
-from .report import COLORS, _compile, _ms, _ok, ratio_line, summarise
+from .report import COLORS, _compile, _ms, _ok, kept_line, ratio_line, summarise
 from .roofline import REASONS, cache_level, footprint, percent
 from .sizes import FAMILIES, kernel_for, parse_case
 from .stage_rates import cell as products_cell
@@ -68,6 +68,10 @@ def sweep_markdown(run: dict, mach: dict, limits: dict, sweep: list) -> list:
         L.append("")
     if any(r["ratio"] for r in rows):
         L += [ratio_line(rows, "case(s)"), ""]
+        kept = capped and kept_line(rows, "case(s)", lambda r: FAMILIES[parse_case(r["case"])[0]].matrix,
+                                    mach["isa"].upper())
+        if kept:
+            L += [kept, ""]
     notes = ["`✗`: outside the tolerance (not counted as fastest). " + REASONS]
     if capped:
         notes.append(f"† not kept to {mach['isa'].upper()}: {UNCAPPED}.")

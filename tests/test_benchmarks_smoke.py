@@ -75,6 +75,24 @@ def test_peers_are_kept_to_the_vector_width_of_a_narrower_target(monkeypatch):
     assert torch_isa in ("no torch", {"haswell": "AVX2", "x86-64-v2": "DEFAULT"}[narrower])
 
 
+def test_a_capped_run_judges_te_against_the_peers_kept_to_its_width():
+    """Built for a narrower CPU, te is also judged against the peers kept to
+    that width: JAX leaves the rows whose work runs through its matrix
+    libraries (which choose their own instructions) and stays in the others."""
+    from benchmarks.report import kept_line
+
+    def ok(ms):
+        return {"status": "ok", "correct": True, "median_ms": ms}
+
+    rows = [dict(te=ok(1.0), peers=dict(numpy=ok(1.2), jax=ok(0.5)), matrix=True),
+            dict(te=ok(1.0), peers=dict(numpy=ok(2.0), jax=ok(0.8)), matrix=False),
+            dict(te=ok(1.0), peers=dict(numpy=dict(ok(0.1), correct=False), jax=ok(3.0)), matrix=True)]
+    line = kept_line(rows, "case(s)", lambda r: r["matrix"], "AVX2")
+    assert "kept to AVX2" in line and "left out of the 2 case(s)" in line       # 1.2, 0.8: no ratio for row 3
+    assert f"{(1.2 * 0.8) ** 0.5:.3f};" in line and "on 1 of 2." in line, line
+    assert kept_line(rows, "case(s)", lambda r: False, "AVX2") is None
+
+
 def test_size_sweep_quick_run(tmp_path):
     """``--sizes`` with tiny cases: every (case, peer) measured and checked in
     its own process, the peaks measured, and the sweep's tables written."""
