@@ -291,18 +291,21 @@ def test_heads_a_product_computes_in_one_nest_join_a_block_of_one_head_at_a_time
 
 
 def test_a_product_in_blocks_of_row_tiles_joins_by_its_tiles(rng, monkeypatch):
-    """One head in float64 whose ``Q`` rows exceed half of L2: the product
-    walks its row tiles in blocks of rows (``row_blocks.py``), a loop of
-    its own or a block's first tile added to the tile loop; a block of the
-    chain clips the tile loop, the blocks of tiles around it counted, so
-    the scores still shrink to a block a thread group.  Values as the
-    stages run apart and as numpy's."""
+    """One head in float64 whose ``Q`` rows exceed half of L2: where the
+    product runs its column tiles first, over ``K`` copied into column
+    panels, it walks its row tiles in blocks of rows (``row_blocks.py``), a
+    loop of its own or a block's first tile added to the tile loop (a target
+    of 16-byte vectors reads ``K`` in place, rows first, in one pass); a
+    block of the chain clips the tile loop, the blocks of tiles around it
+    counted, so the scores still shrink to a block a thread group.  Values
+    as the stages run apart and as numpy's."""
     t, d = te.target(), 64
     T = _prime_from(t.l2_bytes // (2 * d * 8) + 53)
     inputs, outputs = _attention(1, T, d, "float64")
     joined, apart = (_build(inputs, outputs, flag, monkeypatch) for flag in (True, False))
     assert any({"S.r1", "row_max", "exp", "row_sum"} <= s for s in _stages(joined)), _stages(joined)
-    assert ".b in 0.." in apart.scheduled_ir.split("stage S.r1:")[1].split("stage ")[0]
+    before, product = apart.scheduled_ir.split("stage S.r1:")
+    assert (".b in 0.." in product.split("stage ")[0]) == ("stage K.packed:" in before)
     kept = next(b for b in joined.program.buffers if b.name == "S.r1")
     assert kept.shape[0] == t.threads and kept.shape[1] < T, kept
     arrays = _data(rng, (1, T, d), np.float64)

@@ -45,9 +45,10 @@ FUNCTIONS = {
 
 # where a target without FMA (x86-64-v2) rounds the products of a reduction or
 # a sum separately: its measured bounds
-NO_FMA = {("exp", "float64"): 1.15, ("erf", "float32"): 1.2, ("erf", "float64"): 1.1, ("exp2", "float32"): 1.1, ("exp2", "float64"): 1.0,
-          ("expm1", "float32"): 1.96, ("log2", "float32"): 1.96, ("log10", "float32"): 1.95,
-          ("sin", "float64"): 1.4, ("tan", "float64"): 2.1}
+NO_FMA = {("exp", "float64"): 1.15, ("erf", "float32"): 1.2, ("erf", "float64"): 1.1, ("exp2", "float32"): 1.1,
+          ("exp2", "float64"): 1.0, ("expm1", "float32"): 1.96, ("log2", "float32"): 1.96, ("log2", "float64"): 0.6,
+          ("log10", "float32"): 1.95, ("sin", "float64"): 1.4, ("cos", "float64"): 1.3, ("tan", "float64"): 2.1,
+          ("cosh", "float64"): 1.45, ("power", "float64"): 1.4}
 
 
 def bound_for(name, dtype, bound):
@@ -158,13 +159,14 @@ def test_float64_exp_at_its_edges_on_every_path(target):
 
 def test_power_accuracy_against_mpmath():
     """Bases of both signs over e^[-5, 5], exponents in [-40, 40], a third of
-    them integers: float64 within 1.2 ulp, float32 0.55."""
+    them integers: float64 within 1.2 ulp (1.4 without FMA), float32 0.55."""
     rng = np.random.default_rng(23)
     n = 1500
     x = np.exp(rng.uniform(-5, 5, n)) * rng.choice([1, 1, -1], n)
     y = rng.uniform(-40, 40, n)
     y[::3] = np.round(y[::3])
     for dtype, bound in (("float64", 1.2), ("float32", 0.55)):
+        bound = bound_for("power", dtype, bound)
         xs, ys = x.astype(dtype), y.astype(dtype)
         got = apply("power", dtype, xs, ys)
         negative = (xs < 0) & (ys != np.round(ys))

@@ -806,16 +806,18 @@ def test_a_reduction_rereading_cached_lanes_runs_chains_side_by_side(rng, k):
     of dependent steps over data that stays in L1 (``P``, read again for
     every ``j``), so the vector loop takes as many vectors as a stage
     applying one math function; a column sum streaming ``X`` once keeps one
-    vector.  ``P`` is copied transposed when the ``j`` loop re-reads it
-    ``PACK_MIN_REUSE`` times or more (there is no other output loop; with
-    fewer, each element's sum runs in lanes instead)."""
+    vector (its rows of odd length split into no whole pair of vectors, so
+    the partial sums of ``sum_chains.py`` keep one too).  ``P`` is copied
+    transposed when the ``j`` loop re-reads it ``PACK_MIN_REUSE`` times or
+    more (there is no other output loop; with fewer, each element's sum runs
+    in lanes instead)."""
     n, d = 500, 8
     P, C = te.placeholder((n, d), "float64", "P"), te.placeholder((k, d), "float64", "C")
     e, j, r = te.reduce_axis(d, "e"), te.reduce_axis(k, "j"), te.reduce_axis(300, "r")
     D = te.compute((n, k), lambda i, jj: te.sum((C[jj, e] - P[i, e]) * (C[jj, e] - P[i, e]), axis=e), name="D")
     M = te.compute((n,), lambda i: te.min(D[i, j], axis=j), name="M")
-    X = te.placeholder((300, n), "float64", "X")
-    S = te.compute((n,), lambda i: te.sum(X[r, i], axis=r), name="S")
+    X = te.placeholder((300, n + 1), "float64", "X")
+    S = te.compute((n + 1,), lambda i: te.sum(X[r, i], axis=r), name="S")
     lanes, chains = te.target().lanes(8), blocking(te.target()).math_chains
     kernel = te.build([P, C], [M])
     width = max((s.lanes for s in walk(stage(kernel, "D+M").body) if isinstance(s, Simd)), default=0)

@@ -232,10 +232,11 @@ print("  (best of 30 calls; on a busy machine every timing is noisy)")
 # Step 7 -- where the time goes.  `kernel.profile(x, w, h)` runs the kernel
 # once (filling its temporaries), then each stage of the scheduled program
 # alone, a few times, and keeps each one's least time.  The names are those
-# of `kernel.scheduled_ir`: `Xp` pads the input, `W.packed` and `H.packed`
-# copy operands into panels the products read contiguously, `dXp+dX` is the
-# data gradient computed only where `dX` reads it (the padding's border is
-# never computed), and the weight gradient runs as K-block partial sums
+# of `kernel.scheduled_ir`: `Xp` pads the input (on some targets inside
+# `Y`'s stage, then named `Xp+Y`), `W.packed` and `H.packed` copy operands
+# into panels the products read contiguously, `dXp+dX` is the data gradient
+# computed only where `dX` reads it (the padding's border is never
+# computed), and the weight gradient runs as K-block partial sums
 # (`dW.sums`) that `dW` adds up.  `te.cost` counts each fused stage's
 # innermost iterations (`["built"]["stage_iterations"]`): for a product,
 # its multiply-adds, so the products' own GFLOP/s follow.
@@ -244,8 +245,8 @@ entries = kernel.profile(x, w, h)
 print("\nStep 7: where the time goes, each stage alone")
 for entry in entries:
     print(f"  {entry.name:9s} {entry.seconds * 1e3:7.3f} ms  on {entry.threads} thread(s)")
-for product in ("Y", "dXp+dX", "dW"):
-    seconds = sum(e.seconds for e in entries if e.name.split(".")[0] == product)   # dW.sums is part of dW
+for product in ("Y", "dXp+dX", "dW"):        # dW.sums is part of dW; where Y pads as it reads, its stage is Xp+Y
+    seconds = sum(e.seconds for e in entries if product in (e.name.split(".")[0], e.name.split("+")[-1]))
     print(f"  {product:9s} {2 * work[product] / seconds / 1e9:6.1f} GFLOP/s")
 
 # Step 8 -- the benchmark table.  `python -m benchmarks` (peers: `pip install
