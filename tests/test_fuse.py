@@ -9,10 +9,12 @@ import te_autodiff as te
 from conftest import cross_entropy
 from lowering import runtime
 from lowering.fuse import _computed_once
-from lowering.loop_ir import Alloc, Assign, Buffer, BufLoad, Local, Store, loads_in, stmt_exprs, stmt_text, walk
+from lowering.loop_ir import (Alloc, Assign, Buffer, BufLoad, For, Local, Simd, Store, loads_in, stmt_exprs, stmt_text,
+                             walk)
 from lowering.lower import lower
 from lowering.pipeline import schedule_program
 from lowering.schedule import SPLIT_MIN_WORK
+from lowering.schedule.nest import accumulation
 from te_autodiff.expr import const
 
 
@@ -282,8 +284,6 @@ def test_a_producer_read_by_one_reduction_in_two_loops_stays_stored(rng, kind):
 def _row_passes(stage) -> list:
     """For each innermost loop of ``stage`` that loads from a buffer, the
     kinds of accumulation it advances ("add", "max"...)."""
-    from lowering.loop_ir import Assign, For, Simd
-    from lowering.schedule.nest import accumulation
     loops = [x for x in walk(stage.body) if isinstance(x, (For, Simd))
              and not any(isinstance(y, (For, Simd)) for y in walk(x.body))]
     return [{accumulation(a)[0] for a in walk(lp.body) if isinstance(a, Assign) and accumulation(a) is not None}
