@@ -7,8 +7,8 @@ vector and full vector paths.
 float32 results are compared with float64 numpy/libm on a dense sweep of
 bit patterns; float64 results with mpmath at 40 digits on samples of four
 scales.  The bounds are the maxima measured on this data (AMD EPYC Zen 4,
-AVX-512 and built for AVX2; :data:`NO_FMA` for x86-64-v2), rounded up to
-the next 0.05 ulp."""
+AVX-512 and built for AVX2; :data:`NO_FMA` for x86-64-v2, on Zen 4 and
+Zen 3), rounded up to the next 0.05 ulp."""
 import math
 
 import mpmath as mp
