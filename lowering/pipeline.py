@@ -25,6 +25,7 @@ from .row_chains import join_rows
 from .row_padding import pad_rows
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
+from .temp_layout import layout
 from .target import Target, target as resolve_target
 
 
@@ -91,7 +92,8 @@ def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
     stages of the fused and scheduled program ``te.build`` compiles for
     ``target`` (packed panels and K-block partial sums add temporaries,
     fusion removes some, block chains shrink some to a block, padded rows
-    make some larger), and the iterations
+    make some larger; ``temp_block_bytes``: the block they occupy in a
+    call, those alive at different stages sharing bytes, ``temp_layout.py``), and the iterations
     of each fused stage: a stage computing a producer's values in its own
     loops counts only those it reads; the schedule then splits stages into
     pieces (``.parts``, ``.interior``...) and adds copies, not counted."""
@@ -106,6 +108,7 @@ def cost(inputs, outputs, store=(), recompute=(), target=None) -> dict:
         "input_bytes": sum(b.nbytes for b in p.plain.inputs),
         "stages": len(p.plain.stages),
         "built": {"target": p.target.name, "temp_bytes": p.scheduled.temp_bytes,
+                  "temp_block_bytes": layout(p.scheduled, p.target.alignment)[1],
                   "stages": len(p.scheduled.stages),
                   "stage_iterations": stage_iterations(p.fused)},
     }

@@ -34,7 +34,8 @@ more per split stage).
 Python per call: argument checks, one table of buffer addresses, the output
 allocations (aligned to ``Target.alignment``; a large output in a block an
 earlier one left: ``output_memory``); temporaries live in one aligned block per
-kernel and thread, reused by later calls.  A kernel whose stages all run on
+kernel and thread, reused by later calls, where those alive at different
+stages share bytes (``temp_layout``).  A kernel whose stages all run on
 the calling thread is called through ``native_call`` from its second call
 on: one builtin function checks the arrays, fills in the table and runs the
 stages, and Python only allocates the outputs (the checked path above
@@ -74,6 +75,7 @@ from .codegen_llvm import RUN_STAGES, chunk_align, emit_modules, stage_groups, s
 from .loop_ir import (Block, BufLoad, Const, For, GuardedLoad, If, IntPower, Program, Simd, Store, children,
                       stmt_exprs, walk)
 from . import llvm_process, output_memory
+from .temp_layout import layout, stage_runs
 from .native_call import Descriptor
 from .throughput import LOAD, OP, PER_UNIT, TRANSCENDENTAL
 from .target import (Target, data_layout, default_threads, initialise_llvm, target_machine,
@@ -495,13 +497,14 @@ def data_address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-def beyond_memory(program: Program) -> str | None:
-    """Why the outputs and temporaries a call of ``program`` allocates cannot
-    fit in this machine's memory, naming the largest (None when they fit):
-    a kernel refuses such a call before allocating anything, rather than
-    fail inside numpy, or be killed by the kernel when the pages are touched."""
+def beyond_memory(program: Program, temp_bytes: int) -> str | None:
+    """Why the outputs and the block of temporaries (``temp_bytes``) a call
+    of ``program`` allocates cannot fit in this machine's memory, naming the
+    largest buffer (None when they fit): a kernel refuses such a call before
+    allocating anything, rather than fail inside numpy, or be killed by the
+    kernel when the pages are touched."""
     made = [b for b in program.buffers if b.kind != "input"]
-    total = sum(b.nbytes for b in made)
+    total = sum(b.nbytes for b in made if b.kind == "output") + temp_bytes
     memory = output_memory.memory_bytes()
     if memory is None or total <= memory:               # not POSIX: let the allocation decide
         return None
@@ -592,18 +595,6 @@ class StageTime:
             (f", {self.steps} steps" if self.steps > 1 else "")
 
 
-def stage_runs(program: Program) -> list:
-    """``[(first, last)]``: each stage alone, but the stages of one scan's
-    time loop together (a step's stage cannot run outside its loop)."""
-    runs = []
-    for k, st in enumerate(program.stages):
-        if st.step is not None and runs and program.stages[runs[-1][0]].step is st.step:
-            runs[-1] = (runs[-1][0], k + 1)
-        else:
-            runs.append((k, k + 1))
-    return runs
-
-
 class _Runner:
     """A kernel's calls with the per-call work precomputed: the buffer table
     (one per calling thread, its temporaries' slots filled in once: one
@@ -624,12 +615,8 @@ class _Runner:
         self.outputs = [(slot[b], np.dtype(b.dtype).itemsize * math.prod(b.shape), b.shape, np.dtype(b.dtype))
                         for b in program.buffers if b.kind == "output"]
         self.align = align = compiled.target.alignment
-        offsets, total = [], 0
-        for b in program.buffers:
-            if b.kind == "temp":
-                offsets.append((slot[b], total))
-                total += -(-max(b.nbytes, 1) // align) * align
-        self.temp_offsets, self.temp_bytes = offsets, total
+        offsets, self.temp_bytes = layout(program, align)
+        self.temp_offsets = [(slot[b], off) for b, off in offsets]
         self.local = threading.local()
         self.results = []
         returned = set()
@@ -711,13 +698,19 @@ class _Runner:
         local = self.local
         table = getattr(local, "table", None)
         if table is None:
-            block, base = _aligned((max(self.temp_bytes, 1),), np.uint8, self.align)
-            table = local.table = self.table_type()
-            for k, off in self.temp_offsets:
-                table[k] = base + off
-            local.block = block
+            table, local.block = self.temp_table(self.temp_offsets, self.temp_bytes)
+            local.table = table
             local.err = (ctypes.c_int64 * 2)()
         return table, local.err
+
+    def temp_table(self, offsets, nbytes):
+        """``(table, block)``: a new buffer table whose temporaries' slots
+        point into a new aligned block of ``nbytes`` at ``offsets``."""
+        block, base = _aligned((max(nbytes, 1),), np.uint8, self.align)
+        table = self.table_type()
+        for k, off in offsets:
+            table[k] = base + off
+        return table, block
 
     def __call__(self, arrays):
         table, err = self.table()
@@ -784,8 +777,13 @@ class _Runner:
                 self.raise_failed(errors, len(chunks))
 
     def profile(self, arrays, repeat: int) -> list:
-        """:meth:`Kernel.profile` on checked ``arrays``."""
-        table, err = self.table()
+        """:meth:`Kernel.profile` on checked ``arrays``: every temporary at
+        bytes of its own (``temp_layout.layout``), as a stage run alone reads
+        what the whole call before left."""
+        err = self.table()[1]
+        slot = {b: k for k, b in enumerate(self.program.buffers)}
+        offsets, temp_bytes = layout(self.program, self.align, share=False)
+        table, block = self.temp_table([(slot[b], off) for b, off in offsets], temp_bytes)
         for k, a in zip(self.input_slots, arrays):
             table[k] = data_address(a)
         outputs = [_fresh(nbytes, shape, dtype, self.align) for k, nbytes, shape, dtype in self.outputs]
@@ -857,7 +855,7 @@ class Kernel:
         if compiled.unrunnable is None:
             self._stages = plan_stages(program, compiled)
             self._run = _Runner(program, compiled, self._stages)
-            self._beyond_memory = beyond_memory(program)
+            self._beyond_memory = beyond_memory(program, self._run.temp_bytes)
             if self._beyond_memory is not None:
                 self._run = self._refuse_memory
         else:
