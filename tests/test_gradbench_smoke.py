@@ -245,7 +245,7 @@ def test_ba():
     assert_close(reproj, want_reproj, rtol=1e-12)
     assert_close(w_err, want_w, rtol=1e-13)
 
-    rows, cols, vals = ba.sparse(ba.jacobian_kernel(n, m, p)(*arrays), obs, n, m)
+    rows, cols, vals = ba.sparse(ba.jacobian_kernel(n, m, p), arrays)
     dense = np.zeros((3 * p, 11 * n + 3 * m + p))
     for r in range(3 * p):
         for q in range(rows[r], rows[r + 1]):

@@ -17,9 +17,10 @@ row (the observation's camera, point and weight) and one in each w_err
 row. Each residual depends only on its own gathered camera, point and
 weight, so the non-zero blocks are ``te.gradient`` of each residual
 component with respect to the gathered copies ``cams[obs[i, 0]]``,
-``X[obs[i, 1]]``: one kernel computes them all. The compressed-row
-matrix (rows, cols, vals, as ADBench's SparseMat) is assembled with numpy
-in the timed call, and GradBench receives its first 30 entries and its
+``X[obs[i, 1]]``: one kernel computes them all, and writes the
+compressed-row matrix's values and column indices (rows, cols, vals, as
+ADBench's SparseMat) in the matrix's order, so no pass over its 31 p
+non-zeros follows; GradBench receives the first 30 entries of each and the
 last, as the eval asks.
 """
 from functools import lru_cache
@@ -96,20 +97,49 @@ def objective_kernel(n: int, m: int, p: int):
     return te.build(list(inputs), [reproj, w_err], name="ba")
 
 
+PER_ROW = N_CAM + 3 + 1        # non-zeros of a residual row: the camera's, the point's, the weight's
+
+
 @lru_cache(maxsize=8)
 def jacobian_kernel(n: int, m: int, p: int):
-    """The non-zero blocks: for each residual row r (x, then y) the derivative
-    of every observation's residual by its camera (p, 11), point (p, 3) and
-    weight (p,); then the derivative of each w_err by its weight (p,)."""
+    """ADBench's compressed-row Jacobian, its values and its column indices,
+    each one output of the kernel in the matrix's order: observation i's x
+    and y residual rows (rows i of shape (2, 15): the derivative of that
+    residual by the observation's camera (11), point (3) and weight), then
+    the p w_err rows (the derivative of each w_err by its weight) laid in
+    the rows after, 30 a row (:func:`sparse` takes the first 31 p entries
+    as they are).  The blocks are ``te.gradient`` of each residual
+    component by the gathered copies; the kernel writes them where the
+    matrix keeps them."""
     inputs = _placeholders(n, m, p)
     cams, X, w, feats, obs = inputs
     reproj, w_err, cam, pt = residuals(*inputs)
     blocks = []
     for r in range(2):
         row = te.compute((p,), lambda i, r=r: reproj[i, r], name=f"reproj_{'xy'[r]}")
-        blocks += te.gradient(row, [cam, pt, w])
-    blocks += te.gradient(w_err, [w])
-    return te.build(list(inputs), blocks, name="ba_jacobian")
+        blocks.append(te.gradient(row, [cam, pt, w]))
+    dw_err, = te.gradient(w_err, [w])
+    shape = (p + -(-p // (2 * PER_ROW)), 2, PER_ROW)
+
+    def laid(i, r, c, residual, weight, pad):
+        """Entry (i, r, c): a residual row's, or the w_err rows' (k), or padding."""
+        k = (i - p) * (2 * PER_ROW) + r * PER_ROW + c
+        return te.if_then_else(i < p, residual(i, r, c), te.if_then_else(k < p, weight(k), pad))
+
+    def value(i, r, c):
+        def of(dcam, dpt, dw):
+            return te.if_then_else(c < N_CAM, dcam[i, c], te.if_then_else(c < N_CAM + 3, dpt[i, c - N_CAM], dw[i]))
+        return te.if_then_else(te.equal(r, 0), of(*blocks[0]), of(*blocks[1]))
+
+    def column(i, r, c):
+        return te.if_then_else(c < N_CAM, N_CAM * obs[i, 0] + c,
+                               te.if_then_else(c < N_CAM + 3, N_CAM * n + 3 * obs[i, 1] + c - N_CAM,
+                                               N_CAM * n + 3 * m + i))
+
+    vals = te.compute(shape, lambda i, r, c: laid(i, r, c, value, lambda k: dw_err[k], 0.0), name="vals")
+    cols = te.compute(shape, lambda i, r, c: laid(i, r, c, column, lambda k: N_CAM * n + 3 * m + k, 0).astype("int32"),
+                      name="cols")
+    return te.build(list(inputs), [vals, cols], name="ba_jacobian")
 
 
 def expand(input):
@@ -142,32 +172,15 @@ def objective(prepared):
     return kernel(*arrays)
 
 
-def sparse(blocks, obs, n: int, m: int):
-    """ADBench's compressed-row Jacobian (rows, cols, vals) from the blocks:
-    each observation's two residual rows (camera, point, weight columns), then
-    one row per weight."""
-    dcam_x, dpt_x, dw_x, dcam_y, dpt_y, dw_y, dw_err = blocks
-    p = dw_err.shape[0]
-    per_row = N_CAM + 3 + 1
-    vals = np.empty(2 * per_row * p + p)
-    head = vals[:2 * per_row * p].reshape(p, 2, per_row)
-    for r, (dcam, dpt, dw) in enumerate(((dcam_x, dpt_x, dw_x), (dcam_y, dpt_y, dw_y))):
-        head[:, r, :N_CAM] = dcam
-        head[:, r, N_CAM:N_CAM + 3] = dpt
-        head[:, r, N_CAM + 3] = dw
-    vals[2 * per_row * p:] = dw_err
-    cols = np.empty(vals.shape[0], dtype=np.int32)          # int, as ADBench's SparseMat
-    chead = cols[:2 * per_row * p].reshape(p, 2, per_row)
-    first = np.empty((p, per_row), dtype=np.int32)
-    first[:, :N_CAM] = N_CAM * obs[:, :1] + np.arange(N_CAM, dtype=np.int32)
-    first[:, N_CAM:N_CAM + 3] = N_CAM * n + 3 * obs[:, 1:] + np.arange(3, dtype=np.int32)
-    first[:, N_CAM + 3] = N_CAM * n + 3 * m + np.arange(p, dtype=np.int32)
-    chead[:, 0] = first
-    chead[:, 1] = first
-    cols[2 * per_row * p:] = first[:, N_CAM + 3]
-    rows = np.concatenate([np.arange(0, 2 * p + 1, dtype=np.int32) * per_row,
-                           2 * p * per_row + np.arange(1, p + 1, dtype=np.int32)])
-    return rows, cols, vals
+def sparse(kernel, arrays):
+    """(rows, cols, vals) of the compressed-row Jacobian: the first 31 p
+    entries of the kernel's outputs (views, no copies), and the row starts
+    (15 entries a residual row, one a w_err row)."""
+    vals, cols = kernel(*arrays)
+    p = arrays[2].shape[0]
+    rows = np.concatenate([np.arange(0, 2 * p + 1, dtype=np.int32) * PER_ROW,
+                           2 * p * PER_ROW + np.arange(1, p + 1, dtype=np.int32)])
+    return rows, cols.reshape(-1)[:2 * PER_ROW * p + p], vals.reshape(-1)[:2 * PER_ROW * p + p]
 
 
 def _jacobian_json(matrix):
@@ -179,6 +192,4 @@ def _jacobian_json(matrix):
 
 @function(pre=_prepare(jacobian_kernel), post=_jacobian_json)
 def jacobian(prepared):
-    kernel, arrays = prepared
-    cams, X, _, _, obs = arrays
-    return sparse(kernel(*arrays), obs, cams.shape[0], X.shape[0])
+    return sparse(*prepared)
