@@ -1,6 +1,7 @@
 """Fourier-Motzkin loop bounds and the CP-SAT queries, against brute force."""
 
 import itertools
+import json
 import random
 import time
 
@@ -216,15 +217,35 @@ def test_queries_are_cached_on_a_canonical_form():
     assert (info.hits, info.misses) == (1, 1)
 
 
+def test_a_point_of_the_box_answers_without_the_solver(monkeypatch):
+    """A system its box's centre or a corner satisfies is feasible with no
+    solver asked; one no such point satisfies still asks it."""
+    bounds_module.clear_caches()
+
+    def no_solver():
+        raise AssertionError("CP-SAT asked")
+    monkeypatch.setattr(bounds_module.cpsat, "Model", no_solver)
+    assert is_feasible(LinearSystem(ranges={x: (0, 9), y: (0, 9)}, inequalities=[L(x) - L(y) - 3]))   # corner (9, 0)
+    assert not is_implied(L(x) - 5, LinearSystem(ranges={x: (0, 9)}))                               # x = 4 is a point
+    a, b, c = (LinearExpr.var(v) for v in "abc")
+    with pytest.raises(AssertionError, match="CP-SAT asked"):
+        is_feasible(LinearSystem(ranges={"a": (0, 10), "b": (0, 9), "c": (0, 6)}, equalities=[a + 4 * b + c - 29]))
+    bounds_module.clear_caches()
+
+
 def test_solver_questions_import_no_pandas():
     """Zero elimination's integer bounds and the exact bounds check of a
-    quadratic index both ask CP-SAT (``arith.cpsat`` writes its model
-    message directly); a fresh process that builds such a gradient imports
-    OR-tools' solver but not its ``cp_model`` module, nor pandas, which that
-    imports (a tenth of a second of every first build)."""
+    quadratic index are questions about integer points; a fresh process
+    that builds such a gradient answers them with points of the systems'
+    boxes (``_witness``) and loads no solver.  A question no such point
+    answers asks CP-SAT (``arith.cpsat`` writes its model message
+    directly): that imports OR-tools' solver but not its ``cp_model``
+    module, nor pandas, which that imports (a tenth of a second of every
+    first build)."""
     import subprocess
     import sys
     code = """
+import json
 import sys
 import numpy as np
 import te_autodiff as te
@@ -237,13 +258,19 @@ j = te.reduce_axis(D, "j")
 y = te.compute((K, D), lambda k, r: te.sum(L[k, r, j] * x[k, j], axis=j), name="y")
 dl, = te.gradient(y, [l])
 got = te.build([l, x], [dl])(np.ones((K, 6)), np.arange(K * D, dtype=float).reshape(K, D))
-print(sorted(m for m in ("pandas", "ortools.sat.python.cp_model", "ortools.sat.python.cp_model_helper")
-             if m in sys.modules), float(got.sum()))
+loaded = lambda: [m for m in ("pandas", "ortools.sat.python.cp_model", "ortools.sat.python.cp_model_helper")
+                  if m in sys.modules]
+built = loaded()
+from arith.bounds import is_feasible
+from arith.linear import LinearExpr, LinearSystem
+a, b, c = (LinearExpr.var(v) for v in "abc")       # a + 4b + c = 29: (6, 5, 3), but no corner of the box
+assert is_feasible(LinearSystem(ranges={"a": (0, 10), "b": (0, 9), "c": (0, 6)}, equalities=[a + 4 * b + c - 29]))
+print(json.dumps([built, loaded(), float(got.sum())]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    modules, total = out.stdout.split("]")
-    assert modules == "['ortools.sat.python.cp_model_helper'", out.stdout
+    built, asked, total = json.loads(out.stdout)
+    assert built == [] and asked == ["ortools.sat.python.cp_model_helper"], out.stdout
     x = np.arange(12.0).reshape(3, 4)
     want = sum(x[k, c] for k in range(3) for r in range(4) for c in range(r))    # d sum(y) / d l = x[k, c]
     assert float(total) == want
