@@ -380,7 +380,7 @@ def _witness(key: tuple, box: dict) -> bool:
     corners is an integer point of ``key``'s system: a proof of feasibility
     that needs no solver.  The systems zero elimination asks about (is a
     bound implied by the others?) are mostly satisfied by such a point, so
-    most builds never load CP-SAT (a quarter of a second)."""
+    most builds neither load CP-SAT nor solve a model."""
     names, ranges = list(box), dict(key[0])
     ineqs = _key_inequalities(key)
     centre = tuple((box[v][0] + box[v][1]) // 2 for v in names)
