@@ -35,8 +35,8 @@ from ..loop_ir import Program, Simd, Stage, stage_buffers, walk
 from ..target import Target
 from . import (column_groups, gather_blocks, interior_split, k_blocks, lane_reduction, merged_loops, offset_loops,
                packing, panels, parallel_root, prefetch, register_tile, residue_classes, row_blocks, row_peeling,
-               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, triangles, vector_axis,
-               vector_width)
+               selects, split_reduction, sum_chains, templates, tile_loops, tile_plan, triangles, uniform_values,
+               vector_axis, vector_width)
 from .blocking import TILE_VECTORS, Blocking, blocking
 from .constructors import Temporaries
 from .hoist import hoist_invariants
@@ -80,6 +80,9 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
         return [stage]
     if axis.j is None:
         return lane_reduction.build(nest, stage, bl)
+    uniform = uniform_values.decide(nest, axis.j, bl, stage.step and stage.step.var)
+    if uniform:                                           # row values of a short vector axis apart
+        return again(uniform_values.build(nest, stage, uniform, temps))
     nest = selects.build(nest, axis.j)
     plan = tile_plan.start(nest, axis, stage.buffer, bl)  # the tile rules: each adds to one plan
     plan = register_tile.decide(plan, nest, bl)
