@@ -5,10 +5,12 @@ A stage computes each element's value where the element is stored, so a
 value that does not move with every output axis is evaluated again for
 each element that reads it.  Two cases cost whole evaluations:
 
-* it does not move with the vector axis ``j`` and all of ``j`` fits in one
-  vector: it is evaluated once per row of ``j``, for fewer elements than a
-  vector holds (bundle adjustment's ``cos θ`` and ``sin θ`` of each
-  observation, read by its three rotated coordinates);
+* it does not move with the vector axis ``j`` and a row of ``j`` is short:
+  it is evaluated once per row, or once per piece of a row (a tile's
+  vectors, a remainder), for fewer elements than the lanes of a tile
+  (bundle adjustment's ``cos θ`` and ``sin θ`` of each observation, read by
+  its three rotated coordinates, or by the 11 entries of its camera's
+  gradient);
 * it moves with ``j`` but not with another output axis: the vector loop
   runs inside that axis's loop and evaluates it again on each of its
   iterations (``exp(b[j])`` in ``x[i, j] * exp(b[j])``, or ``cos θ`` when
@@ -18,8 +20,8 @@ Computed in a stage over the axes it moves with (``j`` last, so it is read
 back with unit stride along the lanes), it is evaluated once per distinct
 value, in full vectors; the trade is one element written and read per
 distinct value against a polynomial body of tens of instructions for each
-evaluation saved.  A value that moves with every output axis, or that a
-vector of ``j`` already serves ``lanes`` elements of, stays.
+evaluation saved.  A value that moves with every output axis, or that
+serves a long row of ``j``, stays.
 
 A value moves only where its new stage computes the same number: its
 operands (let-bound locals read through) are output loop variables (and a
@@ -37,7 +39,7 @@ from te_autodiff.ops import is_transcendental
 
 from ..loop_ir import (Alloc, Block, BufLoad, For, If, Local, Stage, Store, children, free_leaves, loads_in, map_stmt,
                        nodes_in, stmt_exprs, substitute, substituter, walk)
-from .blocking import Blocking
+from .blocking import TILE_VECTORS, Blocking
 from .constructors import linear
 from .nest import Nest, accesses_of, assemble
 from .vector_width import lanes_for
@@ -123,13 +125,17 @@ def decide(nest: Nest, j, bl: Blocking, time=None) -> list:
 
 def _repeated(nest: Nest, j, axes: set, lanes: int) -> bool:
     """Whether a value over ``axes`` costs more evaluations in ``nest`` than
-    in a stage of its own: it does not move with ``j`` and all of ``j``
-    fits in one vector (one evaluation for fewer elements than the lanes),
-    or it moves with ``j`` and not with another output axis of two or more
-    iterations (the vector loop, inside that axis's loop, evaluates it
-    again on each of its iterations)."""
+    in a stage of its own: it does not move with ``j`` and a row of ``j``
+    spans less than two column tiles (:data:`~.blocking.TILE_VECTORS`
+    vectors each), or it moves with ``j`` and not with another output axis
+    of two or more iterations (the vector loop, inside that axis's loop,
+    evaluates it again on each of its iterations).  A row that short runs
+    as a tile's unrolled vectors and a remainder's, and each piece
+    evaluates the value again, once per fewer elements than a tile holds;
+    along a longer row the loop over its tiles evaluates it once, and the
+    tiles' other work hides that evaluation."""
     if j not in axes:
-        return nest.extent(j) < lanes
+        return nest.extent(j) < 2 * TILE_VECTORS * lanes
     return any(v not in axes and n >= 2 for v, n in zip(nest.vars, nest.extents))
 
 
