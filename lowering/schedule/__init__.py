@@ -81,7 +81,7 @@ def schedule_stage(stage: Stage, temps: Temporaries, bl: Blocking, compared: fro
     if axis.j is None:
         return lane_reduction.build(nest, stage, bl)
     uniform = uniform_values.decide(nest, axis.j, bl, stage.step and stage.step.var)
-    if uniform:                                           # row values of a short vector axis apart
+    if uniform:                                           # values repeated per element: their own stages
         return again(uniform_values.build(nest, stage, uniform, temps))
     nest = selects.build(nest, axis.j)
     plan = tile_plan.start(nest, axis, stage.buffer, bl)  # the tile rules: each adds to one plan

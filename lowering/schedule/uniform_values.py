@@ -90,13 +90,13 @@ def _movable(e: Expr, axes: set, written: set) -> bool:
     and loads from unwritten buffers at indices that read no loaded value."""
     if not free_leaves(e) <= axes:
         return False
-    return all(x.buffer not in written and not any(True for _ in loads_in(children(x), set()))
+    return all(x.buffer not in written and next(loads_in(children(x), set()), None) is None
                for x in loads_in([e], set()))
 
 
 def decide(nest: Nest, j, bl: Blocking, time=None) -> list:
-    """The :class:`Uniform` values of ``nest`` to move: those evaluated more
-    often than once per vector of distinct values (:func:`_repeated`).
+    """The :class:`Uniform` values of ``nest`` (vector axis ``j``) to move:
+    the movable ones evaluated more often in place (:func:`_repeated`).
     ``time``: a scan step's time variable (the new stages run in the same
     step, so a value may read it).  Of nested movable values the outermost
     moves (the stage scheduled again moves an inner one the body still
