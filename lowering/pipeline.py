@@ -1,6 +1,6 @@
-"""The lowering order, in one place: tensors -> loop IR -> fused -> rows
-padded -> scheduled for a target -> row chains joined -> block chains joined
--> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
+"""The lowering order, in one place: tensors -> loop IR -> short rows
+unrolled -> fused -> rows padded -> scheduled for a target -> row chains
+joined -> block chains joined -> LLVM IR -> machine code -> :class:`~lowering.runtime.Kernel`.
 
 ``te.build`` and ``te.cost`` both run :func:`lower_for`; ``te.build`` then
 compiles its result.  Each step takes the previous step's immutable program
@@ -25,6 +25,7 @@ from .row_chains import join_rows
 from .row_padding import pad_rows
 from .runtime import Kernel, compile_program
 from .schedule import schedule, splits_reduction
+from .short_rows import short_rows
 from .temp_layout import layout
 from .target import Target, target as resolve_target
 
@@ -42,7 +43,8 @@ class Lowered:
 
 
 def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Program:
-    """Steps 2 and 3: fuse stages over one domain, give temporaries whose
+    """Steps 2 and 3: unroll rows shorter than a vector and split temporaries
+    of such rows by column (``short_rows.py``), fuse stages over one domain, give temporaries whose
     rows all fall in one cache set a padded row (``row_padding.py``),
     schedule every stage for ``target``, run consecutive stages over the
     same rows as one (``row_chains.py``), and a product with the row stages
@@ -50,7 +52,7 @@ def schedule_program(plain: Program, target: Target, fusion: bool = True) -> Pro
     fusion of any kind without ``fusion``);
     with the loops fixed, integer powers become running products and
     multiplications (``powers.py``)."""
-    return schedule_fused(fuse(plain, splits_reduction) if fusion else plain, target, fusion)
+    return schedule_fused(fuse(short_rows(plain, target), splits_reduction) if fusion else plain, target, fusion)
 
 
 def schedule_fused(fused: Program, target: Target, fusion: bool = True) -> Program:
@@ -66,7 +68,7 @@ def lower_for(inputs, outputs, name=None, store=(), recompute=(), target=None) -
         check_name(name, "te.build")
     lowered = narrow(outputs, store, recompute)                              # 0b. argmax lane type
     plain = lower(inputs, lowered[0], name, store=lowered[1], recompute=lowered[2])  # 1. -> loop IR
-    fused = fuse(plain, splits_reduction)                                    # 2. fuse
+    fused = fuse(short_rows(plain, target), splits_reduction)                # 2. short rows, fuse
     scheduled = schedule_fused(fused, target)                                # 3. schedule
     return Lowered(inputs, outputs, target, plain, fused, scheduled)
 

@@ -9,8 +9,9 @@ each element that reads it.  Two cases cost whole evaluations:
   it is evaluated once per row, or once per piece of a row (a tile's
   vectors, a remainder), for fewer elements than the lanes of a tile
   (bundle adjustment's ``cos θ`` and ``sin θ`` of each observation, read by
-  its three rotated coordinates, or by the 11 entries of its camera's
-  gradient);
+  the 11 entries of its camera's gradient; a row shorter than a vector of a
+  temporary, such as its three rotated coordinates, is unrolled before,
+  ``short_rows.py``, and computes such a value once);
 * it moves with ``j`` but not with another output axis: the vector loop
   runs inside that axis's loop and evaluates it again on each of its
   iterations (``exp(b[j])`` in ``x[i, j] * exp(b[j])``, or ``cos θ`` when
