@@ -11,9 +11,9 @@ shuffles or gathers, and every stage makes one more pass over the rows.
 With the loops inside a row unrolled, each element is an expression of its
 own with constant indices; a temporary's columns, each a buffer ``(N,)``,
 are written and read as contiguous vectors over the rows; and fusion
-(``fuse.py``, which runs next) computes the chain in one loop over the
-rows, a column read where it was computed.  The vector lanes then go to
-the rows.
+(``fuse.py``, which runs next) joins the chain's stages into fewer loops
+over the rows, a column often read where it was computed.  The vector
+lanes then go to the rows.
 
 A temporary is short when its rows have 2 to ``lanes - 1`` elements
 (``lanes``: a vector of its dtype on the target) and there are ``lanes``
@@ -191,12 +191,14 @@ def _hoisted(loop: For, fresh: _Fresh):
                 lets.append(x)
                 known.add(x.local)
                 continue
-            for e in stmt_exprs(x):
-                for node in nodes_in([e], set(), Expr):
-                    if node not in named and is_transcendental(getattr(node, "op", None)) and invariant(node):
-                        named[node] = fresh.local(Local("u", node.dtype))
-                        lets.append(Alloc(named[node], node, True))
-            stay.append(map_stmt(x, substituter(named)) if named and not isinstance(x, (For, If, Block)) else x)
+            if isinstance(x, (For, If, Block)):         # their statements are lifted where they are unrolled
+                stay.append(x)
+                continue
+            for node in nodes_in(stmt_exprs(x), set(), Expr):
+                if node not in named and is_transcendental(getattr(node, "op", None)) and invariant(node):
+                    named[node] = fresh.local(Local("u", node.dtype))
+                    lets.append(Alloc(named[node], node, True))
+            stay.append(map_stmt(x, substituter(named)) if named else x)
         known.update(named.values())
         return lets, stay
 
